@@ -1,0 +1,509 @@
+/*-------------------------------------------------------------------------
+ *
+ * functions.c
+ *	  Owns the SQL-callable functions of API.md: argument checks (NULL,
+ *	  empty, oversized names; ttl and wait ranges), the errors a caller sees
+ *	  for a wait that elapsed, and the shape of every result.
+ *
+ *	  The work itself is done by locktable.c; this file must not keep lock
+ *	  state of its own or talk to Redis except through it and scripts.c.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "redis_lock.h"
+
+#include <math.h>
+
+#include <hiredis/hiredis.h>
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(redis_lock_acquire);
+PG_FUNCTION_INFO_V1(redis_lock_try_acquire);
+PG_FUNCTION_INFO_V1(redis_lock_release);
+PG_FUNCTION_INFO_V1(redis_lock_release_all);
+PG_FUNCTION_INFO_V1(redis_lock_with_lock);
+PG_FUNCTION_INFO_V1(redis_lock_extend);
+PG_FUNCTION_INFO_V1(redis_lock_fence);
+PG_FUNCTION_INFO_V1(redis_lock_held);
+PG_FUNCTION_INFO_V1(redis_lock_status);
+PG_FUNCTION_INFO_V1(redis_lock_force_release);
+
+/* "5s", "250ms", "1.5s" */
+char *
+rl_format_ms(int64 ms)
+{
+	if (ms % 1000 == 0)
+		return psprintf(INT64_FORMAT "s", ms / 1000);
+	if (ms < 1000)
+		return psprintf(INT64_FORMAT "ms", ms);
+	return psprintf("%.3gs", ms / 1000.0);
+}
+
+/* ----------------------------------------------------------------
+ * Argument checks
+ * ----------------------------------------------------------------
+ */
+static char *
+arg_lock_name(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *t;
+	int			len;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("lock_name must not be null")));
+	t = PG_GETARG_TEXT_PP(argno);
+	len = VARSIZE_ANY_EXHDR(t);
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_name must not be empty")));
+	if (len > RL_MAX_NAME_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_name must not be longer than %d bytes", RL_MAX_NAME_LEN),
+				 errdetail("The name given has %d bytes.", len)));
+	return text_to_cstring(t);
+}
+
+/* Interval argument in milliseconds; -1 when NULL */
+static int64
+arg_interval_ms(FunctionCallInfo fcinfo, int argno, const char *what,
+				bool zero_ok)
+{
+	Interval   *iv;
+	double		ms;
+
+	if (PG_ARGISNULL(argno))
+		return -1;
+	iv = PG_GETARG_INTERVAL_P(argno);
+#ifdef INTERVAL_NOT_FINITE
+	if (INTERVAL_NOT_FINITE(iv))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be finite", what)));
+#endif
+	ms = (double) iv->month * DAYS_PER_MONTH * SECS_PER_DAY * 1000.0 +
+		(double) iv->day * SECS_PER_DAY * 1000.0 + (double) iv->time / 1000.0;
+	if (ms < 0 || (!zero_ok && ms <= 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg(zero_ok ? "%s must not be negative" : "%s must be positive", what)));
+	if (ms > (double) RL_MAX_MS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not exceed " INT64_FORMAT " milliseconds", what, RL_MAX_MS),
+				 errdetail("That is about 24 days; use ttl NULL and the watchdog for longer holds.")));
+	/* a positive sub-millisecond ttl still means "expire", not "forever" */
+	return (int64) ceil(ms);
+}
+
+static bool
+arg_bool(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+	return PG_GETARG_BOOL(argno);
+}
+
+static Interval *
+ms_to_interval(int64 ms)
+{
+	Interval   *iv = palloc0(sizeof(Interval));
+
+	iv->time = ms * 1000;
+	return iv;
+}
+
+/* ----------------------------------------------------------------
+ * Acquire
+ * ----------------------------------------------------------------
+ */
+static void
+raise_not_obtained(const char *name, int64 wait_ms)
+{
+	if (wait_ms == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("could not obtain Redis lock \"%s\"", name),
+				 errdetail("Another client holds it.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("could not obtain Redis lock \"%s\" within %s", name,
+					rl_format_ms(wait_ms))));
+}
+
+static int64
+do_acquire(FunctionCallInfo fcinfo, int64 default_wait, bool *obtained,
+		   int64 *wait_out)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
+	int64		wait = arg_interval_ms(fcinfo, 2, "wait", true);
+	bool		xact = arg_bool(fcinfo, 3, "xact");
+
+	if (wait < 0)
+		wait = default_wait;
+	*wait_out = wait;
+	return rl_acquire(name, ttl, wait, xact ? RL_SCOPE_XACT : RL_SCOPE_SESSION,
+					  obtained);
+}
+
+Datum
+redis_lock_acquire(PG_FUNCTION_ARGS)
+{
+	bool		obtained;
+	int64		wait;
+	int64		fence = do_acquire(fcinfo, rl_wait_timeout_ms, &obtained, &wait);
+
+	if (!obtained)
+		raise_not_obtained(text_to_cstring(PG_GETARG_TEXT_PP(0)), wait);
+	PG_RETURN_INT64(fence);
+}
+
+Datum
+redis_lock_try_acquire(PG_FUNCTION_ARGS)
+{
+	bool		obtained;
+	int64		wait;
+
+	(void) do_acquire(fcinfo, 0, &obtained, &wait);
+	PG_RETURN_BOOL(obtained);
+}
+
+/* ----------------------------------------------------------------
+ * Release, extend, fence
+ * ----------------------------------------------------------------
+ */
+Datum
+redis_lock_release(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(rl_release(arg_lock_name(fcinfo, 0)));
+}
+
+Datum
+redis_lock_release_all(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32(rl_release_all_session());
+}
+
+Datum
+redis_lock_extend(PG_FUNCTION_ARGS)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
+
+	PG_RETURN_BOOL(rl_extend(name, ttl));
+}
+
+Datum
+redis_lock_fence(PG_FUNCTION_ARGS)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+	RLHeld	   *e;
+
+	rl_safe_point();
+	e = rl_lookup(name);
+	if (e == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(e->fence);
+}
+
+/* ----------------------------------------------------------------
+ * with_lock: acquire, run the query in a subtransaction, release
+ * ----------------------------------------------------------------
+ */
+Datum
+redis_lock_with_lock(PG_FUNCTION_ARGS)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+	char	   *query;
+	int64		ttl;
+	int64		wait;
+	bool		obtained;
+	uint64		processed = 0;
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("query must not be null")));
+	query = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	ttl = arg_interval_ms(fcinfo, 2, "ttl", false);
+	wait = arg_interval_ms(fcinfo, 3, "wait", true);
+	if (wait < 0)
+		wait = rl_wait_timeout_ms;
+
+	(void) rl_acquire(name, ttl, wait, RL_SCOPE_SESSION, &obtained);
+	if (!obtained)
+		raise_not_obtained(name, wait);
+
+	/*
+	 * The query runs in a subtransaction so that on error we are back in a
+	 * clean state to release the lock before re-raising the error as is.
+	 */
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		int			ret;
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "redis_lock: SPI_connect failed");
+		ret = SPI_execute(query, false, 0);
+		if (ret < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("query could not run inside redis_lock_with_lock: %s",
+							SPI_result_code_string(ret))));
+		processed = SPI_processed;
+		SPI_finish();
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		rl_release_one_error_safe(name);
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+
+	(void) rl_release(name);
+	PG_RETURN_INT64((int64) processed);
+}
+
+/* ----------------------------------------------------------------
+ * Introspection
+ * ----------------------------------------------------------------
+ */
+static void
+materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts, TupleDesc *td)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext old;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		!(rsinfo->allowedModes & SFRM_Materialize))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("set-valued function called in context that cannot accept a set")));
+	old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	if (get_call_result_type(fcinfo, NULL, td) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "redis_lock: return type must be a row type");
+	*ts = tuplestore_begin_heap(true, false, work_mem);
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = *ts;
+	rsinfo->setDesc = *td;
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * redis_lock_held(): one row per lock and scope this session holds:
+ * lock_name, scope, hold_count, fence, acquired_at, lease, watchdog,
+ * lost, redis_key, protocol.
+ */
+Datum
+redis_lock_held(PG_FUNCTION_ARGS)
+{
+	Tuplestorestate *ts;
+	TupleDesc	td;
+	RLHeld	   *ents;
+	int			n;
+	int			i;
+
+	materialize(fcinfo, &ts, &td);
+	rl_safe_point();
+	n = rl_held_snapshot(&ents);
+	for (i = 0; i < n; i++)
+	{
+		int			scope;
+
+		for (scope = 0; scope < 2; scope++)
+		{
+			RLHeld	   *e = &ents[i];
+			int			holds = scope == 0 ? e->session_holds : e->xact_holds;
+			Datum		values[10];
+			bool		nulls[10] = {0};
+
+			if (holds == 0)
+				continue;
+			values[0] = CStringGetTextDatum(e->name);
+			values[1] = CStringGetTextDatum(scope == 0 ? "session" : "transaction");
+			values[2] = Int32GetDatum(holds);
+			values[3] = Int64GetDatum(e->fence);
+			values[4] = TimestampTzGetDatum(e->acquired_at);
+			values[5] = IntervalPGetDatum(ms_to_interval(e->lease_ms));
+			values[6] = BoolGetDatum(e->watchdog);
+			values[7] = BoolGetDatum(e->lost);
+			values[8] = CStringGetTextDatum(e->names.key);
+			values[9] = CStringGetTextDatum(rl_protocol_name(e->names.protocol));
+			tuplestore_putvalues(ts, td, values, nulls);
+		}
+	}
+	return (Datum) 0;
+}
+
+/*
+ * redis_lock_status(lock_name): what Redis says now.  OUT locked,
+ * held_by_me, ttl, owner, redis_key, redis_type.
+ */
+Datum
+redis_lock_status(PG_FUNCTION_ARGS)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+	RLHeld	   *e;
+	RLLockNames names;
+	RLTarget   *target;
+	RLConn	   *conns[64];
+	RLCall		call;
+	RLReply    *r;
+	TupleDesc	td;
+	Datum		values[6];
+	bool		nulls[6] = {0};
+	const char *type = "none";
+	bool		mine = false;
+
+	if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "redis_lock: return type must be a row type");
+	td = BlessTupleDesc(td);
+
+	rl_safe_point();
+	e = rl_lookup(name);
+	if (e != NULL)
+	{
+		names = e->names;
+		target = e->target;
+	}
+	else
+	{
+		memset(&names, 0, sizeof(names));
+		rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
+					   CurrentMemoryContext);
+		target = rl_current_target();
+	}
+	rl_target_nodes(target, names.key, names.keylen, conns, false);
+	memset(&call, 0, sizeof(call));
+	rl_call_inspect(&call, conns[0], &names);
+	rl_script_run(target, &call, 1, RL_RUN_HARD);
+	r = call.reply;
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("could not inspect Redis lock \"%s\": %s", name,
+						r && r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply")));
+	type = r->element[0]->str ? r->element[0]->str : "none";
+
+	values[0] = BoolGetDatum(strcmp(type, "none") != 0);
+	nulls[3] = true;
+	if (r->elements > 2)
+	{
+		RLReply    *v = r->element[2];
+
+		if (v->type == REDIS_REPLY_STRING)
+		{
+			values[3] = CStringGetTextDatum(v->str);
+			nulls[3] = false;
+			mine = e != NULL && strcmp(v->str, e->names.owner) == 0;
+		}
+		else if (v->type == REDIS_REPLY_ARRAY && v->elements > 0)
+		{
+			size_t		i;
+
+			values[3] = CStringGetTextDatum(v->element[0]->str);
+			nulls[3] = false;
+			for (i = 0; i < v->elements; i++)
+				if (e != NULL && strcmp(v->element[i]->str, e->names.owner) == 0)
+					mine = true;
+		}
+	}
+	values[1] = BoolGetDatum(mine);
+	if (r->element[1]->integer > 0)
+		values[2] = IntervalPGetDatum(ms_to_interval(r->element[1]->integer));
+	else
+		nulls[2] = true;
+	values[4] = CStringGetTextDatum(names.key);
+	values[5] = CStringGetTextDatum(type);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(td, values, nulls)));
+}
+
+/*
+ * redis_lock_force_release(lock_name): delete the lock whoever holds it and
+ * wake its waiters.  A key of a foreign type is refused, never deleted.
+ */
+Datum
+redis_lock_force_release(PG_FUNCTION_ARGS)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+	RLHeld	   *e;
+	RLLockNames names;
+	RLTarget   *target;
+	RLConn	   *conns[64];
+	RLCall		calls[64];
+	int			k;
+	int			i;
+	bool		deleted = false;
+
+	rl_safe_point();
+	e = rl_lookup(name);
+	if (e != NULL)
+	{
+		names = e->names;
+		target = e->target;
+	}
+	else
+	{
+		memset(&names, 0, sizeof(names));
+		rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
+					   CurrentMemoryContext);
+		target = rl_current_target();
+	}
+	k = rl_target_nodes(target, names.key, names.keylen, conns, false);
+	memset(calls, 0, sizeof(RLCall) * k);
+	for (i = 0; i < k; i++)
+		rl_call_force(&calls[i], conns[i], &names);
+	rl_script_run(target, calls, k, RL_RUN_HARD);
+	for (i = 0; i < k; i++)
+	{
+		char	   *err;
+		int			f = rl_parse_flag(&calls[i], &err);
+
+		if (f < 0 && strncmp(err, "wrongtype:", 10) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+					 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
+							names.key, err + 10, rl_protocol_name(names.protocol)),
+					 errhint("Nothing was deleted.  Check redis_lock.protocol.")));
+		if (f < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+					 errmsg("could not force-release Redis lock \"%s\": %s", name, err)));
+		if (f == 1)
+			deleted = true;
+	}
+	if (e != NULL)
+		rl_forget(name);
+	PG_RETURN_BOOL(deleted);
+}

@@ -1,0 +1,1073 @@
+/*-------------------------------------------------------------------------
+ *
+ * locktable.c
+ *	  Owns this backend's table of Redis locks and everything that changes
+ *	  it: acquire (with reentrancy and the wake-up/poll wait), release,
+ *	  extend, the transaction callbacks (transaction-scoped locks, PREPARE
+ *	  refusal, verify-on-commit) and release at backend exit.
+ *
+ *	  An entry with zero holds is a *doubt*: a grant or a release whose
+ *	  outcome we could not learn (connection lost, interrupt, timeout).  The
+ *	  session never counts it as held; it is settled by an idempotent
+ *	  compare-and-delete at the next safe point (next redis_lock call,
+ *	  transaction end, backend exit) or forgotten once its lease has surely
+ *	  run out.  So no error leaves the session believing it holds a lock it
+ *	  does not, and no unknown grant is left in Redis longer than needed.
+ *
+ *	  Must not: call hiredis (transport.c does), know script bodies
+ *	  (scripts.c does), define SQL-callable functions (functions.c does).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "redis_lock.h"
+
+#include <hiredis/hiredis.h>
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+
+static HTAB *held = NULL;
+static int	ndoubts = 0;		/* entries with zero holds */
+static MemoryContext work_cxt = NULL;
+
+/* an interrupted wait may have left these subscribed */
+static RLConn *dirty_subs[64];
+static int	ndirty_subs = 0;
+
+static void xact_callback(XactEvent event, void *arg);
+static void exit_callback(int code, Datum arg);
+
+/* ----------------------------------------------------------------
+ * Entries
+ * ----------------------------------------------------------------
+ */
+static void
+ensure_table(void)
+{
+	HASHCTL		ctl;
+
+	if (held != NULL)
+		return;
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = RL_MAX_NAME_LEN + 1;
+	ctl.entrysize = sizeof(RLHeld);
+	ctl.hcxt = TopMemoryContext;
+	work_cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock work",
+									 ALLOCSET_SMALL_SIZES);
+	held = hash_create("redis_lock held locks", 64, &ctl,
+#if PG_VERSION_NUM >= 140000
+					   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+#else
+					   HASH_ELEM | HASH_CONTEXT);
+#endif
+	RegisterXactCallback(xact_callback, NULL);
+	before_shmem_exit(exit_callback, (Datum) 0);
+}
+
+void
+rl_locktable_init(void)
+{
+	/* nothing until first use: a backend that never locks pays nothing */
+}
+
+static void
+free_names(RLLockNames *n)
+{
+	if (n->key)
+		pfree(n->key);
+	if (n->fence_key)
+		pfree(n->fence_key);
+	if (n->channel)
+		pfree(n->channel);
+	n->key = n->fence_key = n->channel = NULL;
+}
+
+/* Create an entry (zero holds: a doubt until granted) for the settings now */
+static RLHeld *
+entry_create(const char *name)
+{
+	RLLockNames names;
+	RLHeld	   *e;
+	bool		found;
+
+	memset(&names, 0, sizeof(names));
+	rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
+				   TopMemoryContext);
+	PG_TRY();
+	{
+		rl_new_owner(names.protocol, names.owner);
+		e = hash_search(held, name, HASH_ENTER, &found);
+	}
+	PG_CATCH();
+	{
+		free_names(&names);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	Assert(!found);
+	memset(((char *) e) + offsetof(RLHeld, target), 0,
+		   sizeof(RLHeld) - offsetof(RLHeld, target));
+	e->target = rl_current_target();
+	e->names = names;
+	e->registry_slot = -1;
+	ndoubts++;
+	return e;
+}
+
+static void
+entry_remove(RLHeld *e)
+{
+	if (RL_HOLDS(e) == 0)
+		ndoubts--;
+	if (e->registry_slot >= 0)
+		rl_registry_remove(e);
+	free_names(&e->names);
+	hash_search(held, e->name, HASH_REMOVE, NULL);
+}
+
+static void
+add_hold(RLHeld *e, RLScope scope)
+{
+	if (RL_HOLDS(e) == 0)
+		ndoubts--;				/* leaves the doubt set */
+	if (scope == RL_SCOPE_XACT)
+		e->xact_holds++;
+	else
+		e->session_holds++;
+}
+
+/*
+ * Latest moment a key written now with this lease can still exist, even if
+ * the command is resent after a dead connection.
+ */
+static TimestampTz
+doubt_horizon(int64 lease_ms)
+{
+	return TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+									   lease_ms + 2 * rl_command_timeout_ms +
+									   rl_connect_timeout_ms);
+}
+
+/* After hold counts went to zero by direct assignment */
+static void
+became_doubt(RLHeld *e)
+{
+	Assert(RL_HOLDS(e) == 0);
+	ndoubts++;
+	e->expires_at = doubt_horizon(e->lease_ms);
+}
+
+RLHeld *
+rl_lookup(const char *name)
+{
+	RLHeld	   *e;
+
+	if (held == NULL)
+		return NULL;
+	e = hash_search(held, name, HASH_FIND, NULL);
+	return (e != NULL && RL_HOLDS(e) > 0) ? e : NULL;
+}
+
+void
+rl_forget(const char *name)
+{
+	RLHeld	   *e;
+
+	if (held == NULL)
+		return;
+	e = hash_search(held, name, HASH_FIND, NULL);
+	if (e != NULL)
+		entry_remove(e);
+}
+
+/* Holding entries, palloc'd array in the caller's context */
+int
+rl_held_snapshot(RLHeld **out)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	int			n = 0;
+
+	*out = NULL;
+	if (held == NULL)
+		return 0;
+	*out = palloc(sizeof(RLHeld) * Max(hash_get_num_entries(held), 1));
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (RL_HOLDS(e) == 0)
+			continue;
+		if (e->registry_slot >= 0 && !e->lost && rl_registry_lost(e))
+			e->lost = true;
+		(*out)[n++] = *e;
+	}
+	return n;
+}
+
+/* ----------------------------------------------------------------
+ * Reporting
+ * ----------------------------------------------------------------
+ */
+static int
+call_sqlstate(RLCall *call)
+{
+	RLReply    *r = call->reply;
+
+	if (call->error != NULL)
+		return call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE;
+	if (r != NULL && r->type == REDIS_REPLY_ERROR)
+	{
+		if (strncmp(r->str, "OOM", 3) == 0)
+			return ERRCODE_INSUFFICIENT_RESOURCES;
+		if (strncmp(r->str, "READONLY", 8) == 0 ||
+			strncmp(r->str, "MASTERDOWN", 10) == 0 ||
+			strncmp(r->str, "LOADING", 7) == 0 ||
+			strncmp(r->str, "BUSY", 4) == 0 ||
+			strncmp(r->str, "CLUSTERDOWN", 11) == 0 ||
+			strncmp(r->str, "TRYAGAIN", 8) == 0)
+			return ERRCODE_CONNECTION_FAILURE;
+		if (strncmp(r->str, "NOPERM", 6) == 0)
+			return ERRCODE_INSUFFICIENT_PRIVILEGE;
+		if (strncmp(r->str, "WRONGTYPE", 9) == 0)
+			return ERRCODE_WRONG_OBJECT_TYPE;
+		return ERRCODE_EXTERNAL_ROUTINE_EXCEPTION;
+	}
+	return ERRCODE_PROTOCOL_VIOLATION;
+}
+
+static char *
+call_message(RLCall *call)
+{
+	if (call->error != NULL)
+		return call->error;
+	if (call->reply != NULL && call->reply->type == REDIS_REPLY_ERROR)
+		return psprintf("Redis at %s replied: %s", rl_conn_label(call->conn),
+						call->reply->str);
+	return psprintf("unexpected reply from Redis at %s", rl_conn_label(call->conn));
+}
+
+/* Report a failed call about lock name at elevel (ERROR does not return) */
+static void
+report_call(int elevel, const char *verb, const char *name, RLCall *call)
+{
+	int			code = call_sqlstate(call);
+
+	ereport(elevel,
+			(errcode(code),
+			 errmsg("could not %s Redis lock \"%s\": %s", verb, name,
+					call_message(call)),
+			 code == ERRCODE_CONNECTION_FAILURE ?
+			 errhint("Check redis_lock.url and that the Redis server is a reachable master.") : 0));
+}
+
+static void
+report_wrongtype(const char *name, RLLockNames *n, const char *type)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+			 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
+					n->key, type, rl_protocol_name(n->protocol)),
+			 errdetail("Lock \"%s\" maps to that key; it is neither taken nor changed.", name),
+			 errhint("Check redis_lock.protocol and redis_lock.key_prefix, or use another lock name.")));
+}
+
+static void
+warn_lost(RLHeld *e)
+{
+	if (e->lost_reported)
+		return;
+	e->lost_reported = true;
+	ereport(WARNING,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("Redis lock \"%s\" was lost", e->name),
+			 errdetail("Its lease expired or another client deleted or took over key \"%s\".",
+					   e->names.key)));
+}
+
+static void
+mark_lost(RLHeld *e)
+{
+	if (!e->lost)
+		rl_stats_add(RL_STAT_LOST, 1);
+	e->lost = true;
+	if (e->registry_slot >= 0)
+		rl_registry_update(e);
+}
+
+/* ----------------------------------------------------------------
+ * Batched release: one pipelined round trip per node, whatever the count
+ * ----------------------------------------------------------------
+ */
+#define RELEASE_UNKNOWN (-1)
+
+/*
+ * Send the release script for every entry.  results[i]: 1 released, 0 not
+ * ours (lost or absent), RELEASE_UNKNOWN on failure; errors[i] tells why.
+ */
+static void
+release_batch(RLHeld **ents, int n, int mode, int *results, RLCall **failed)
+{
+	RLCall	   *calls;
+	int		   *owner;
+	int			ncalls = 0;
+	int			cap = 0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		cap += rl_target_max_nodes(ents[i]->target);
+	calls = palloc0(sizeof(RLCall) * Max(cap, 1));
+	owner = palloc(sizeof(int) * Max(cap, 1));
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *conns[64];
+		int			k = rl_target_nodes(ents[i]->target, ents[i]->names.key,
+										ents[i]->names.keylen, conns, false);
+		int			j;
+
+		for (j = 0; j < k; j++)
+		{
+			rl_call_release(&calls[ncalls], conns[j], &ents[i]->names);
+			owner[ncalls++] = i;
+		}
+		results[i] = 0;
+		failed[i] = NULL;
+	}
+	if (ncalls > 0)
+		rl_script_run(ents[0]->target, calls, ncalls, mode);
+	for (i = 0; i < ncalls; i++)
+	{
+		char	   *err;
+		int			f = rl_parse_flag(&calls[i], &err);
+		int			o = owner[i];
+
+		if (f == 1)
+		{
+			if (results[o] != RELEASE_UNKNOWN)
+				results[o] = 1;
+		}
+		else if (f < 0 && failed[o] == NULL)
+		{
+			results[o] = RELEASE_UNKNOWN;
+			failed[o] = palloc(sizeof(RLCall));
+			*failed[o] = calls[i];
+		}
+	}
+}
+
+/*
+ * Release in Redis every entry in ents (their holds already zero), never
+ * raising: failures become WARNINGs and the entries stay as doubts.
+ * Interrupts are held so the bounded wait cannot be cut short by a cancel.
+ */
+static void
+release_soft(RLHeld **ents, int n, bool quiet_lost)
+{
+	int		   *results;
+	RLCall	  **failed;
+	int			i;
+
+	if (n == 0)
+		return;
+	results = palloc(sizeof(int) * n);
+	failed = palloc(sizeof(RLCall *) * n);
+	HOLD_INTERRUPTS();
+	release_batch(ents, n, RL_RUN_SOFT, results, failed);
+	RESUME_INTERRUPTS();
+	for (i = 0; i < n; i++)
+	{
+		RLHeld	   *e = ents[i];
+
+		if (results[i] == RELEASE_UNKNOWN)
+		{
+			if (!quiet_lost)
+				report_call(WARNING, "release", e->name, failed[i]);
+			continue;
+		}
+		if (results[i] == 0 && !quiet_lost && !e->lost)
+		{
+			mark_lost(e);
+			warn_lost(e);
+		}
+		if (results[i] == 1)
+			rl_stats_add(RL_STAT_RELEASED, 1);
+		entry_remove(e);
+	}
+}
+
+/* ----------------------------------------------------------------
+ * Safe points
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Settle doubts: forget those whose lease has surely run out, send an
+ * idempotent compare-and-delete for the rest.  Never raises.
+ */
+static void
+settle_doubts(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	RLHeld	  **ents;
+	int			n = 0;
+	TimestampTz now = GetCurrentTimestamp();
+	MemoryContext old;
+
+	if (ndoubts <= 0 || held == NULL)
+		return;
+	old = MemoryContextSwitchTo(work_cxt);
+	ents = palloc(sizeof(RLHeld *) * ndoubts);
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (RL_HOLDS(e) != 0)
+			continue;
+		if (e->expires_at != 0 && now > e->expires_at)
+			entry_remove(e);
+		else if (n < ndoubts)
+			ents[n++] = e;
+	}
+	release_soft(ents, n, true);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(work_cxt);
+}
+
+static void
+clean_dirty_subs(void)
+{
+	int			i;
+
+	/* an interrupted wait may have left a subscription: drop it */
+	for (i = 0; i < ndirty_subs; i++)
+		rl_conn_close(dirty_subs[i]);
+	ndirty_subs = 0;
+}
+
+/* Report lost locks the watchdog found since the last call */
+static void
+report_lost(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+
+	if (!rl_watchdog_enabled() || held == NULL)
+		return;
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (RL_HOLDS(e) > 0 && !e->lost && e->registry_slot >= 0 &&
+			rl_registry_lost(e))
+		{
+			e->lost = true;
+			warn_lost(e);
+		}
+	}
+}
+
+/* Called at the start of every SQL-callable function */
+void
+rl_safe_point(void)
+{
+	ensure_table();
+	if (ndirty_subs > 0)
+		clean_dirty_subs();
+	if (ndoubts > 0)
+		settle_doubts();
+	report_lost();
+}
+
+/* ----------------------------------------------------------------
+ * Acquire
+ * ----------------------------------------------------------------
+ */
+
+/* One acquire attempt on the entry's node(s); hard mode */
+static void
+attempt(RLHeld *e, int64 lease_ms, RLAcquireResult *res)
+{
+	RLConn	   *conns[64];
+	RLCall		call;
+
+	(void) rl_target_nodes(e->target, e->names.key, e->names.keylen, conns, false);
+	memset(&call, 0, sizeof(call));
+	e->expires_at = doubt_horizon(lease_ms);
+	rl_call_acquire(&call, conns[0], &e->names, lease_ms);
+	rl_script_run(e->target, &call, 1, RL_RUN_HARD);
+	rl_parse_acquire(&call, res);
+	if (res->outcome == RL_ACQ_FAILED)
+	{
+		report_call(ERROR, "acquire", e->name, &call);
+	}
+}
+
+static void
+grant(RLHeld *e, RLAcquireResult *res, int64 lease_ms, bool watchdog,
+	  RLScope scope)
+{
+	e->fence = res->fence;
+	e->lease_ms = lease_ms;
+	e->watchdog = watchdog;
+	e->lost = false;
+	e->lost_reported = false;
+	e->acquired_at = GetCurrentTimestamp();
+	add_hold(e, scope);
+	if (e->registry_slot >= 0)
+		rl_registry_update(e);
+	rl_stats_add(RL_STAT_ACQUIRED, 1);
+}
+
+/*
+ * Wait for the lock: subscribe to its release channel, then alternate
+ * attempts with latch waits that end on a release message, on the
+ * holder's expiry, or on a bounded backoff for holders that never publish.
+ */
+static bool
+wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLAcquireResult *res)
+{
+	TimestampTz start = GetCurrentTimestamp();
+	TimestampTz deadline = TimestampTzPlusMilliseconds(start, wait_ms);
+	RLConn	   *subs[64];
+	int			nsubs;
+	long		backoff = 8;
+	const char *sub = rl_pubsub_subscribe_cmd();
+	const char *unsub = rl_pubsub_unsubscribe_cmd();
+	bool		got = false;
+	int			i;
+
+	rl_stats_add(RL_STAT_WAITS, 1);
+	nsubs = rl_target_nodes(e->target, e->names.key, e->names.keylen, subs, true);
+	for (i = 0; i < nsubs && ndirty_subs < (int) lengthof(dirty_subs); i++)
+		dirty_subs[ndirty_subs++] = subs[i];
+	rl_subscribe(subs, nsubs, sub, e->names.channel, rl_command_timeout_ms);
+
+	for (;;)
+	{
+		TimestampTz now;
+		long		sleep_ms;
+
+		/* the release may have happened before the subscription took */
+		attempt(e, lease_ms, res);
+		if (res->outcome == RL_ACQ_GRANTED)
+		{
+			got = true;
+			break;
+		}
+		if (res->outcome != RL_ACQ_BUSY)
+			break;
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			break;
+
+		/* holders of ours publish on release: poll rarely; others: backoff */
+		sleep_ms = res->holder_publishes ? 1000 : backoff;
+		if (!res->holder_publishes)
+			backoff = Min(backoff * 2, 100);
+		if (res->pttl > 0)
+			sleep_ms = Min(sleep_ms, (long) res->pttl + 1);
+		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
+		if (sleep_ms < 1)
+			sleep_ms = 1;
+		rl_wait_for_message(subs, nsubs, e->names.channel, sleep_ms);
+	}
+
+	rl_unsubscribe_async(subs, nsubs, unsub, e->names.channel);
+	ndirty_subs = 0;
+	rl_stats_add(RL_STAT_WAIT_US,
+				 (uint64) (GetCurrentTimestamp() - start));
+	return got;
+}
+
+/* Verify a held lock with Redis and restart its lease; false if lost */
+static bool
+verify_and_refresh(RLHeld *e, int64 lease_ms)
+{
+	RLConn	   *conns[64];
+	RLCall		call;
+	char	   *err;
+	int			f;
+
+	rl_target_nodes(e->target, e->names.key, e->names.keylen, conns, false);
+	memset(&call, 0, sizeof(call));
+	rl_call_extend(&call, conns[0], &e->names, lease_ms);
+	rl_script_run(e->target, &call, 1, RL_RUN_HARD);
+	f = rl_parse_flag(&call, &err);
+	if (f < 0)
+		report_call(ERROR, "verify", e->name, &call);
+	return f == 1;
+}
+
+/*
+ * Take lock name.  ttl_ms <= 0 means "ttl NULL": the lease is
+ * redis_lock.lease_time, renewed by the watchdog when it runs.  Returns the
+ * fencing token; *obtained is false when the wait elapsed.
+ */
+int64
+rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
+		   bool *obtained)
+{
+	RLHeld	   *e;
+	RLAcquireResult res;
+	int64		lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
+	bool		watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
+
+	*obtained = false;
+	rl_safe_point();
+
+	e = hash_search(held, name, HASH_FIND, NULL);
+	if (e != NULL && RL_HOLDS(e) > 0)
+	{
+		/* reentrant: one round trip proves we still own it */
+		int64		refresh = e->watchdog ? e->lease_ms : lease_ms;
+
+		if (!e->lost && verify_and_refresh(e, refresh))
+		{
+			if (!e->watchdog)
+				e->lease_ms = refresh;
+			add_hold(e, scope);
+			if (e->registry_slot >= 0)
+				rl_registry_update(e);
+			*obtained = true;
+			return e->fence;
+		}
+		if (!e->lost)
+			mark_lost(e);
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("Redis lock \"%s\" was lost; acquiring it anew", name),
+				 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
+						   RL_HOLDS(e))));
+		e->session_holds = e->xact_holds = 0;
+		became_doubt(e);
+		entry_remove(e);
+		e = NULL;
+	}
+	if (e != NULL)
+	{
+		/* a doubt: retry with its token if it still matches the settings */
+		RLLockNames probe;
+
+		memset(&probe, 0, sizeof(probe));
+		rl_names_build(&probe, (RLProtocol) rl_protocol, rl_key_prefix, name,
+					   CurrentMemoryContext);
+		if (e->target != rl_current_target() ||
+			e->names.protocol != probe.protocol ||
+			strcmp(e->names.key, probe.key) != 0)
+		{
+			entry_remove(e);
+			e = NULL;
+		}
+	}
+	if (e == NULL)
+		e = entry_create(name);
+	e->lease_ms = lease_ms;
+	if (rl_watchdog_enabled() && e->registry_slot < 0)
+		e->registry_slot = rl_registry_add(e);
+
+	attempt(e, lease_ms, &res);
+	if (res.outcome == RL_ACQ_BUSY && wait_ms > 0)
+		wait_for_lock(e, lease_ms, wait_ms, &res);
+
+	switch (res.outcome)
+	{
+		case RL_ACQ_GRANTED:
+			grant(e, &res, lease_ms, watchdog, scope);
+			*obtained = true;
+			return e->fence;
+		case RL_ACQ_WRONGTYPE:
+			{
+				RLLockNames n = e->names;
+
+				n.key = pstrdup(n.key);
+				entry_remove(e);
+				rl_stats_add(RL_STAT_FAILED, 1);
+				report_wrongtype(name, &n, res.type);
+			}
+			break;
+		default:
+			/* busy at the deadline: definitely not ours */
+			entry_remove(e);
+			rl_stats_add(RL_STAT_TIMED_OUT, 1);
+			if (res.pttl > 0)
+				ereport(DEBUG1,
+						(errmsg_internal("Redis lock \"%s\" busy, holder expires in " INT64_FORMAT " ms",
+										 name, res.pttl)));
+			break;
+	}
+	return 0;
+}
+
+/* ----------------------------------------------------------------
+ * Release / extend
+ * ----------------------------------------------------------------
+ */
+bool
+rl_release(const char *name)
+{
+	RLHeld	   *e;
+	int			result;
+	RLCall	   *failed;
+
+	rl_safe_point();
+	e = hash_search(held, name, HASH_FIND, NULL);
+	if (e == NULL || RL_HOLDS(e) == 0)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("you do not hold Redis lock \"%s\"", name)));
+		return false;
+	}
+	if (e->session_holds == 0)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("Redis lock \"%s\" is held only at transaction scope", name),
+				 errhint("It is released when the transaction ends.")));
+		return false;
+	}
+	e->session_holds--;
+	if (RL_HOLDS(e) > 0)
+	{
+		if (e->lost)
+		{
+			warn_lost(e);
+			return false;
+		}
+		return true;
+	}
+	became_doubt(e);
+	if (e->lost)
+	{
+		/* known gone or taken over: nothing of ours to delete */
+		warn_lost(e);
+		entry_remove(e);
+		return false;
+	}
+	release_batch(&e, 1, RL_RUN_HARD, &result, &failed);
+	if (result == RELEASE_UNKNOWN)
+		report_call(ERROR, "release", name, failed);
+	if (result == 0)
+	{
+		mark_lost(e);
+		warn_lost(e);
+		entry_remove(e);
+		return false;
+	}
+	rl_stats_add(RL_STAT_RELEASED, 1);
+	entry_remove(e);
+	return true;
+}
+
+/*
+ * Drop one session hold on name without raising and without being
+ * interrupted; used on the error path of redis_lock_with_lock.
+ */
+void
+rl_release_one_error_safe(const char *name)
+{
+	RLHeld	   *e;
+
+	if (held == NULL)
+		return;
+	e = hash_search(held, name, HASH_FIND, NULL);
+	if (e == NULL || e->session_holds == 0)
+		return;
+	e->session_holds--;
+	if (RL_HOLDS(e) > 0)
+		return;
+	became_doubt(e);
+	release_soft(&e, 1, false);
+}
+
+int
+rl_release_all_session(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	RLHeld	  **ents;
+	int			n = 0;
+	int			count = 0;
+	int		   *results;
+	RLCall	  **failed;
+	int			i;
+	int			unknown = -1;
+
+	rl_safe_point();
+	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (e->session_holds == 0)
+			continue;
+		count++;
+		e->session_holds = 0;
+		if (e->xact_holds > 0)
+			continue;
+		became_doubt(e);
+		if (e->lost)
+		{
+			/* known gone: no round trip (removing the current entry of a
+			 * sequential scan is allowed) */
+			warn_lost(e);
+			entry_remove(e);
+			continue;
+		}
+		ents[n++] = e;
+	}
+
+	results = palloc(sizeof(int) * Max(n, 1));
+	failed = palloc(sizeof(RLCall *) * Max(n, 1));
+	if (n > 0)
+		release_batch(ents, n, RL_RUN_SOFT, results, failed);
+	for (i = 0; i < n; i++)
+	{
+		if (results[i] == RELEASE_UNKNOWN)
+		{
+			if (unknown < 0)
+				unknown = i;
+			continue;
+		}
+		if (results[i] == 0)
+		{
+			mark_lost(ents[i]);
+			warn_lost(ents[i]);
+		}
+		else
+			rl_stats_add(RL_STAT_RELEASED, 1);
+		entry_remove(ents[i]);
+	}
+	if (unknown >= 0)
+		report_call(ERROR, "release", ents[unknown]->name, failed[unknown]);
+	return count;
+}
+
+bool
+rl_extend(const char *name, int64 ttl_ms)
+{
+	RLHeld	   *e;
+	int64		lease_ms;
+
+	rl_safe_point();
+	e = hash_search(held, name, HASH_FIND, NULL);
+	if (e == NULL || RL_HOLDS(e) == 0)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("you do not hold Redis lock \"%s\"", name)));
+		return false;
+	}
+	lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
+	if (e->lost || !verify_and_refresh(e, lease_ms))
+	{
+		mark_lost(e);
+		warn_lost(e);
+		return false;
+	}
+	/* an explicit ttl is a fixed lease; NULL hands it (back) to the watchdog */
+	e->lease_ms = lease_ms;
+	e->watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
+	if (e->registry_slot >= 0)
+		rl_registry_update(e);
+	return true;
+}
+
+/* ----------------------------------------------------------------
+ * Transaction and exit callbacks
+ * ----------------------------------------------------------------
+ */
+static bool
+any_xact_holds(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+
+	if (held == NULL)
+		return false;
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (e->xact_holds > 0)
+		{
+			hash_seq_term(&seq);
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Before COMMIT: check with Redis, in one round trip per node however many
+ * locks, that every transaction-scoped lock is still ours.  A lost one
+ * fails the COMMIT (the transaction rolls back).
+ */
+static void
+verify_xact_locks(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	RLHeld	  **ents;
+	RLCall	   *calls;
+	int			n = 0;
+	int			i;
+	MemoryContext old;
+
+	if (!rl_verify_on_commit || held == NULL)
+		return;
+	old = MemoryContextSwitchTo(work_cxt);
+	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+		if (e->xact_holds > 0)
+			ents[n++] = e;
+	if (n == 0)
+	{
+		MemoryContextSwitchTo(old);
+		return;
+	}
+	calls = palloc0(sizeof(RLCall) * n);
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *conns[64];
+
+		e = ents[i];
+		if (e->registry_slot >= 0 && !e->lost && rl_registry_lost(e))
+			e->lost = true;
+		rl_target_nodes(e->target, e->names.key, e->names.keylen, conns, false);
+		rl_call_extend(&calls[i], conns[0], &e->names, e->lease_ms);
+	}
+	rl_script_run(ents[0]->target, calls, n, RL_RUN_HARD);
+	for (i = 0; i < n; i++)
+	{
+		char	   *err;
+		int			f = rl_parse_flag(&calls[i], &err);
+
+		e = ents[i];
+		if (f < 0)
+			report_call(ERROR, "verify", e->name, &calls[i]);
+		if (f == 0 || e->lost)
+		{
+			mark_lost(e);
+			e->lost_reported = true;
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("Redis lock \"%s\" was lost before COMMIT", e->name),
+					 errdetail("Its lease expired or another client took key \"%s\"; the transaction is rolled back.",
+							   e->names.key),
+					 errhint("Retry the transaction; use a longer ttl or ttl NULL with the watchdog.")));
+		}
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(work_cxt);
+}
+
+/* At COMMIT or ABORT: drop transaction holds and release what is free */
+static void
+end_of_xact(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	RLHeld	  **ents;
+	int			n = 0;
+	MemoryContext old;
+
+	if (held == NULL)
+		return;
+	old = MemoryContextSwitchTo(work_cxt);
+	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (e->xact_holds > 0)
+		{
+			e->xact_holds = 0;
+			if (e->session_holds > 0)
+				continue;
+			became_doubt(e);
+			if (e->lost)
+			{
+				/* nothing of ours left to delete */
+				warn_lost(e);
+				entry_remove(e);
+				continue;
+			}
+			ents[n++] = e;
+		}
+		else if (RL_HOLDS(e) == 0)
+		{
+			/* an older doubt: settle it in the same round trip */
+			ents[n++] = e;
+		}
+	}
+	release_soft(ents, n, false);
+	if (ndirty_subs > 0)
+		clean_dirty_subs();
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(work_cxt);
+}
+
+static void
+xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			verify_xact_locks();
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			if (any_xact_holds())
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot PREPARE a transaction that holds transaction-scoped Redis locks"),
+						 errhint("Release them with a session-scoped lock instead, or commit without two-phase commit.")));
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+			end_of_xact();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Backend exit: release everything this session holds, bounded by the
+ * command timeout.  What cannot be released here expires with its lease,
+ * or the watchdog worker releases it.
+ */
+static void
+exit_callback(int code, Datum arg)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	RLHeld	  **ents;
+	int			n = 0;
+
+	if (held == NULL || hash_get_num_entries(held) == 0)
+		return;
+	MemoryContextSwitchTo(work_cxt);
+	ents = palloc(sizeof(RLHeld *) * hash_get_num_entries(held));
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (RL_HOLDS(e) > 0)
+		{
+			e->session_holds = e->xact_holds = 0;
+			became_doubt(e);
+		}
+		if (!e->lost)
+			ents[n++] = e;
+	}
+	PG_TRY();
+	{
+		release_soft(ents, n, true);
+	}
+	PG_CATCH();
+	{
+		/* exiting anyway; the watchdog or the lease takes care of it */
+		FlushErrorState();
+	}
+	PG_END_TRY();
+	rl_close_all();
+}

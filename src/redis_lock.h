@@ -1,0 +1,354 @@
+/*-------------------------------------------------------------------------
+ *
+ * redis_lock.h
+ *	  Declarations shared by the files of the redis_lock extension.
+ *
+ * Layering, top to bottom; a file may call only into the layers below it:
+ *
+ *	functions.c   SQL-callable functions: argument checks, result shaping
+ *	locktable.c   per-backend table of held locks, reentrancy, transaction
+ *				  and session-exit callbacks, acquire/wait/release logic
+ *	watchdog.c    shared-memory registry of every backend's locks and the
+ *				  background worker that renews and cleans them up
+ *	scripts.c     the Lua scripts of each wire protocol, key/channel names,
+ *				  EVALSHA with NOSCRIPT recovery, reply decoding
+ *	topology.c    where a key lives: single node, Redlock masters, Sentinel,
+ *				  Cluster slot map
+ *	transport.c   hiredis connections: non-blocking connect, handshake,
+ *				  pipelined round trips and pub/sub, all waits on the latch
+ *	settings.c    GUCs and parsing of redis_lock.url
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef REDIS_LOCK_H
+#define REDIS_LOCK_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "utils/timestamp.h"
+
+/* Longest lock name accepted, in bytes (API.md) */
+#define RL_MAX_NAME_LEN		512
+/* Longest key_prefix accepted, in bytes */
+#define RL_MAX_PREFIX_LEN	256
+/* Largest Redis key we build: prefix + name */
+#define RL_MAX_KEY_LEN		(RL_MAX_PREFIX_LEN + RL_MAX_NAME_LEN)
+/* Owner identity: simple = 32 hex chars; redisson = "<uuid>:<pid>" */
+#define RL_OWNER_LEN		64
+/* Largest lease or wait, in milliseconds (fits a signed 32-bit int) */
+#define RL_MAX_MS			((int64) PG_INT32_MAX)
+
+/* The wait event shown in pg_stat_activity while we wait on Redis */
+#define RL_WAIT_EVENT		PG_WAIT_EXTENSION
+
+/* ----------------------------------------------------------------
+ * settings.c
+ * ----------------------------------------------------------------
+ */
+typedef enum RLProtocol
+{
+	RL_PROTOCOL_SIMPLE,
+	RL_PROTOCOL_REDISSON
+} RLProtocol;
+
+extern char *rl_url;
+extern char *rl_password;
+extern char *rl_key_prefix;
+extern int	rl_lease_time_ms;
+extern int	rl_wait_timeout_ms;
+extern int	rl_connect_timeout_ms;
+extern int	rl_command_timeout_ms;
+extern int	rl_protocol;
+extern bool rl_verify_on_commit;
+extern int	rl_max_locks;
+extern char *rl_nodes;
+extern char *rl_sentinels;
+extern char *rl_sentinel_master;
+extern bool rl_cluster;
+extern int	rl_wait_replicas;
+extern int	rl_wait_replicas_timeout_ms;
+extern bool rl_sharded_pubsub;
+
+/* Bumped whenever a setting that changes where or how we connect changes */
+extern uint64 rl_settings_generation;
+
+/* One Redis server address, as parsed from a redis:// URL */
+typedef struct RLEndpoint
+{
+	char		host[256];
+	int			port;
+	int			db;
+	char		user[128];		/* ACL user, "" for none */
+} RLEndpoint;
+
+extern void rl_define_settings(void);
+extern bool rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg);
+extern char *rl_endpoint_label(const RLEndpoint *ep);
+extern const char *rl_protocol_name(RLProtocol p);
+
+/* ----------------------------------------------------------------
+ * transport.c
+ * ----------------------------------------------------------------
+ */
+
+/* A Redis reply, copied out of hiredis into palloc'd memory */
+typedef struct RLReply
+{
+	int			type;			/* REDIS_REPLY_* */
+	long long	integer;
+	char	   *str;			/* string, status or error text */
+	size_t		len;
+	size_t		elements;
+	struct RLReply **element;
+} RLReply;
+
+typedef struct RLConn RLConn;
+
+#define RL_MAX_ARGS 12
+
+/*
+ * One command for one connection.  Arguments are borrowed (not copied) until
+ * the round trip ends.  After rl_run, exactly one of reply / error is set.
+ */
+typedef struct RLCall
+{
+	RLConn	   *conn;
+	int			argc;
+	const char *argv[RL_MAX_ARGS];
+	size_t		argvlen[RL_MAX_ARGS];
+	RLReply    *reply;
+	char	   *error;			/* transport failure text (soft mode) */
+	int			sqlstate;		/* ERRCODE_* of that failure */
+} RLCall;
+
+/* rl_run modes */
+#define RL_RUN_HARD		0		/* first transport failure is an ERROR */
+#define RL_RUN_SOFT		1		/* failures are recorded in each RLCall */
+
+extern RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber);
+extern const char *rl_conn_label(RLConn *conn);
+extern void rl_conn_close(RLConn *conn);
+extern void rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
+						const size_t *argvlen);
+extern void rl_call_arg(RLCall *call, const char *arg, size_t len);
+extern void rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms);
+extern RLReply *rl_command(RLConn *conn, int argc, const char **argv,
+						   const size_t *argvlen);
+extern void rl_close_all(void);
+extern uint64 rl_reconnect_count(void);
+
+/* pub/sub on a subscriber connection */
+extern void rl_subscribe(RLConn **subs, int n, const char *cmd,
+						 const char *channel, int timeout_ms);
+extern void rl_unsubscribe_async(RLConn **subs, int n, const char *cmd,
+								 const char *channel);
+extern bool rl_wait_for_message(RLConn **subs, int n, const char *channel,
+								long timeout_ms);
+
+extern bool rl_reply_is_error(RLReply *r, const char *prefix);
+
+/* ----------------------------------------------------------------
+ * topology.c
+ * ----------------------------------------------------------------
+ */
+typedef enum RLTopologyKind
+{
+	RL_TOPO_SINGLE,
+	RL_TOPO_REDLOCK,
+	RL_TOPO_SENTINEL,
+	RL_TOPO_CLUSTER
+} RLTopologyKind;
+
+/*
+ * Where locks live.  Built from the settings, cached by their text, never
+ * freed while a held lock points at it.
+ */
+typedef struct RLTarget
+{
+	char	   *spec;			/* settings text it was built from */
+	RLTopologyKind kind;
+	int			nendpoints;
+	RLEndpoint *endpoints;		/* single/redlock: the masters; sentinel:
+								 * the sentinels; cluster: the seeds */
+	RLEndpoint	master;			/* sentinel: last discovered master */
+	bool		master_known;
+	struct RLTarget *next;
+} RLTarget;
+
+extern RLTarget *rl_current_target(void);
+extern int	rl_target_quorum(RLTarget *t);
+extern uint16 rl_key_slot(const char *key, size_t len);
+
+/*
+ * One routed script execution: a script call (built by scripts.c) run on
+ * every node the key lives on.  For single/sentinel/cluster that is one node,
+ * for Redlock every master.
+ */
+typedef struct RLRouted
+{
+	int			nnodes;
+	RLCall	   *calls;			/* one per node */
+} RLRouted;
+
+extern int	rl_target_nodes(RLTarget *t, const char *key, size_t keylen,
+							RLConn **conns, bool subscriber);
+extern void rl_target_run(RLTarget *t, RLCall *calls, int ncalls, int mode);
+extern int	rl_target_max_nodes(RLTarget *t);
+
+/* ----------------------------------------------------------------
+ * scripts.c
+ * ----------------------------------------------------------------
+ */
+typedef enum RLScriptId
+{
+	RL_SCRIPT_SIMPLE_ACQUIRE,
+	RL_SCRIPT_SIMPLE_RELEASE,
+	RL_SCRIPT_SIMPLE_EXTEND,
+	RL_SCRIPT_REDISSON_ACQUIRE,
+	RL_SCRIPT_REDISSON_RELEASE,
+	RL_SCRIPT_REDISSON_EXTEND,
+	RL_SCRIPT_FORCE,
+	RL_SCRIPT_INSPECT,
+	RL_SCRIPT_COUNT
+} RLScriptId;
+
+/* Names of everything one lock touches in Redis */
+typedef struct RLLockNames
+{
+	RLProtocol	protocol;
+	char	   *key;
+	size_t		keylen;
+	char	   *fence_key;
+	char	   *channel;
+	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
+} RLLockNames;
+
+/* Outcome of one acquire script on one node */
+typedef enum RLAcquireOutcome
+{
+	RL_ACQ_GRANTED,
+	RL_ACQ_BUSY,				/* held by someone else */
+	RL_ACQ_WRONGTYPE,			/* key is not a lock of this protocol */
+	RL_ACQ_FAILED				/* transport or script failure */
+} RLAcquireOutcome;
+
+typedef struct RLAcquireResult
+{
+	RLAcquireOutcome outcome;
+	int64		fence;			/* when granted */
+	int64		pttl;			/* when busy: holder's remaining ms, -1 none */
+	bool		holder_publishes;	/* when busy: holder wakes us on release */
+	char	   *type;			/* when wrong type: Redis type name */
+	char	   *error;			/* when failed */
+} RLAcquireResult;
+
+extern void rl_scripts_init(void);
+extern void rl_names_build(RLLockNames *names, RLProtocol protocol,
+						   const char *prefix, const char *lock_name,
+						   MemoryContext cxt);
+extern void rl_new_owner(RLProtocol protocol, char *owner);
+extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
+						   int nkeys, const char **keys, int nargs,
+						   const char **args);
+extern void rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode);
+
+extern void rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n,
+							int64 lease_ms);
+extern void rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n);
+extern void rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n,
+						   int64 lease_ms);
+extern void rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n);
+extern void rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n);
+extern void rl_parse_acquire(RLCall *call, RLAcquireResult *res);
+extern int	rl_parse_flag(RLCall *call, char **error);
+extern const char *rl_pubsub_subscribe_cmd(void);
+extern const char *rl_pubsub_unsubscribe_cmd(void);
+
+/* ----------------------------------------------------------------
+ * locktable.c
+ * ----------------------------------------------------------------
+ */
+typedef enum RLScope
+{
+	RL_SCOPE_SESSION,
+	RL_SCOPE_XACT
+} RLScope;
+
+/* One lock this backend holds (or may hold, when holds are zero) */
+typedef struct RLHeld
+{
+	char		name[RL_MAX_NAME_LEN + 1];	/* hash key */
+	RLTarget   *target;
+	RLLockNames names;			/* strings live in TopMemoryContext */
+	int64		fence;
+	int			session_holds;
+	int			xact_holds;
+	int64		lease_ms;
+	bool		watchdog;		/* renewed by the background worker */
+	bool		lost;			/* Redis no longer has our token */
+	bool		lost_reported;
+	TimestampTz acquired_at;
+	TimestampTz expires_at;		/* doubt: nothing can exist after this */
+	int			registry_slot;	/* watchdog registry slot, -1 if none */
+} RLHeld;
+
+#define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)
+
+extern int64 rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms,
+						RLScope scope, bool *obtained);
+extern bool rl_release(const char *name);
+extern int	rl_release_all_session(void);
+extern bool rl_extend(const char *name, int64 ttl_ms);
+extern RLHeld *rl_lookup(const char *name);
+extern void rl_forget(const char *name);
+extern void rl_safe_point(void);
+extern void rl_locktable_init(void);
+extern int	rl_held_snapshot(RLHeld **out);
+extern void rl_release_one_error_safe(const char *name);
+
+/* counters exported by redis_lock_stats() */
+typedef struct RLStats
+{
+	uint64		acquired;
+	uint64		failed;
+	uint64		timed_out;
+	uint64		waits;
+	uint64		wait_time_us;
+	uint64		renewals;
+	uint64		lost;
+	uint64		reconnects;
+	uint64		released;
+} RLStats;
+
+/* ----------------------------------------------------------------
+ * watchdog.c
+ * ----------------------------------------------------------------
+ */
+extern bool rl_watchdog_enabled(void);
+extern void rl_watchdog_init(void);
+extern int	rl_registry_add(RLHeld *e);
+extern void rl_registry_update(RLHeld *e);
+extern void rl_registry_remove(RLHeld *e);
+extern bool rl_registry_lost(RLHeld *e);
+extern void rl_stats_add(int field, uint64 n);
+extern void rl_stats_read(RLStats *out);
+
+#define RL_STAT_ACQUIRED	0
+#define RL_STAT_FAILED		1
+#define RL_STAT_TIMED_OUT	2
+#define RL_STAT_WAITS		3
+#define RL_STAT_WAIT_US		4
+#define RL_STAT_RENEWALS	5
+#define RL_STAT_LOST		6
+#define RL_STAT_RECONNECTS	7
+#define RL_STAT_RELEASED	8
+#define RL_STAT_COUNT		9
+
+/* ----------------------------------------------------------------
+ * small helpers (functions.c)
+ * ----------------------------------------------------------------
+ */
+extern char *rl_format_ms(int64 ms);
+
+#endif							/* REDIS_LOCK_H */

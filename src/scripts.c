@@ -1,0 +1,621 @@
+/*-------------------------------------------------------------------------
+ *
+ * scripts.c
+ *	  Owns the wire protocols: the Lua scripts of the "simple" (SET NX PX)
+ *	  and "redisson" (RLock hash) layouts, the names of the keys and
+ *	  channels one lock touches, owner tokens, EVALSHA with recovery from
+ *	  NOSCRIPT, and decoding of script replies.
+ *
+ *	  Every script is idempotent for a given owner token: running it twice
+ *	  has the effect of running it once.  transport.c relies on that when it
+ *	  resends a command after finding a cached connection dead, and
+ *	  locktable.c relies on it to clean up acquires whose outcome is unknown.
+ *
+ *	  Nothing here keeps state about held locks or waits.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "redis_lock.h"
+
+#include <hiredis/hiredis.h>
+
+#include "miscadmin.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#if PG_VERSION_NUM >= 140000
+#include "common/cryptohash.h"
+#endif
+
+/* Prefix of our simple-protocol tokens: lets waiters tell that the holder
+ * publishes on release (foreign clients such as redis-py do not). */
+#define RL_TOKEN_MARKER "pgrl:"
+
+/*
+ * simple, acquire.  KEYS: lock, fence counter.  ARGV: token, lease ms,
+ * marker.  Returns {1, fence} granted (also when the key already holds our
+ * token: a retry of an acquire whose reply was lost), {0, pttl, publishes}
+ * busy, {-1, type} when the key is not a string.
+ *
+ * The fence counter is shared by all locks in one cluster slot, so there
+ * are at most 16384 of them whatever the number of lock names.  A missing
+ * counter (first use, or lost with a non-persistent Redis) starts at the
+ * server clock in microseconds, so tokens keep increasing across a reset.
+ */
+static const char *simple_acquire_lua =
+"local function fence()\n"
+"  local f = redis.call('incr', KEYS[2])\n"
+"  if f == 1 then\n"
+"    local t = redis.call('time')\n"
+"    f = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+"    redis.call('set', KEYS[2], string.format('%.0f', f))\n"
+"  end\n"
+"  return f\n"
+"end\n"
+"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n"
+"  return {1, fence()}\n"
+"end\n"
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'string' then return {-1, t} end\n"
+"local v = redis.call('get', KEYS[1])\n"
+"if v == ARGV[1] then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"  return {1, fence()}\n"
+"end\n"
+"local p = redis.call('pttl', KEYS[1])\n"
+"if string.sub(v, 1, #ARGV[3]) == ARGV[3] then return {0, p, 1} end\n"
+"return {0, p, 0}\n";
+
+/* simple, release.  KEYS: lock, channel.  ARGV: token, publish command. */
+static const char *simple_release_lua =
+"if redis.pcall('get', KEYS[1]) == ARGV[1] then\n"
+"  redis.call('del', KEYS[1])\n"
+"  redis.call(ARGV[2], KEYS[2], '0')\n"
+"  return 1\n"
+"end\n"
+"return 0\n";
+
+/* simple, extend / verify.  KEYS: lock.  ARGV: token, lease ms. */
+static const char *simple_extend_lua =
+"if redis.pcall('get', KEYS[1]) == ARGV[1] then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"  return 1\n"
+"end\n"
+"return 0\n";
+
+/*
+ * redisson, acquire (RLock layout; see WIRE.md).  KEYS: lock, token
+ * counter.  ARGV: lease ms, field.  Our field's count stays 1: reentrancy
+ * is counted in the backend, so a repeated acquire is idempotent.  The
+ * counter is incremented on every grant, as RFencedLock does.
+ */
+static const char *redisson_acquire_lua =
+"if redis.call('exists', KEYS[1]) == 0 then\n"
+"  redis.call('hincrby', KEYS[1], ARGV[2], 1)\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, redis.call('incr', KEYS[2])}\n"
+"end\n"
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'hash' then return {-1, t} end\n"
+"if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, redis.call('incr', KEYS[2])}\n"
+"end\n"
+"return {0, redis.call('pttl', KEYS[1]), 1}\n";
+
+/* redisson, release.  KEYS: lock, channel.  ARGV: field, publish command. */
+static const char *redisson_release_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"redis.call('del', KEYS[1])\n"
+"redis.call(ARGV[2], KEYS[2], '0')\n"
+"return 1\n";
+
+/* redisson, extend / renew (Redisson's watchdog check).  ARGV: field, ms. */
+static const char *redisson_extend_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) == 1 then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"  return 1\n"
+"end\n"
+"return 0\n";
+
+/*
+ * Force release, both layouts.  KEYS: lock, channel.  ARGV: publish
+ * command, expected type.  A key of another type is never deleted.
+ */
+static const char *force_lua =
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t == 'none' then return 0 end\n"
+"if t ~= ARGV[2] then return {-1, t} end\n"
+"redis.call('del', KEYS[1])\n"
+"redis.call(ARGV[1], KEYS[2], '0')\n"
+"return 1\n";
+
+/* Inspect.  KEYS: lock.  Returns {type, pttl, value or hash fields}. */
+static const char *inspect_lua =
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"local p = redis.call('pttl', KEYS[1])\n"
+"if t == 'string' then return {t, p, redis.call('get', KEYS[1])} end\n"
+"if t == 'hash' then return {t, p, redis.call('hkeys', KEYS[1])} end\n"
+"return {t, p}\n";
+
+typedef struct RLScript
+{
+	const char *body;
+	char		sha[41];
+} RLScript;
+
+static RLScript scripts[RL_SCRIPT_COUNT];
+
+/* backend identity for the redisson layout: "<uuid>:<pid>" */
+static char redisson_field[RL_OWNER_LEN + 1];
+
+/* for each cluster slot, a short tag whose slot it is (fence counters) */
+static char (*slot_tags)[6] = NULL;
+
+static void
+hex_encode_bytes(const uint8 *in, int n, char *out)
+{
+	static const char hex[] = "0123456789abcdef";
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		out[2 * i] = hex[in[i] >> 4];
+		out[2 * i + 1] = hex[in[i] & 15];
+	}
+	out[2 * n] = '\0';
+}
+
+static void
+compute_sha(RLScript *s)
+{
+#if PG_VERSION_NUM >= 140000
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA1);
+	uint8		digest[20];
+
+	if (ctx == NULL || pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) s->body, strlen(s->body)) < 0 ||
+		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
+		elog(ERROR, "redis_lock: could not compute SHA1 of a script");
+	pg_cryptohash_free(ctx);
+	hex_encode_bytes(digest, 20, s->sha);
+#else
+	/* without SHA1 in core, always send the body (EVAL) */
+	s->sha[0] = '\0';
+#endif
+}
+
+void
+rl_scripts_init(void)
+{
+	scripts[RL_SCRIPT_SIMPLE_ACQUIRE].body = simple_acquire_lua;
+	scripts[RL_SCRIPT_SIMPLE_RELEASE].body = simple_release_lua;
+	scripts[RL_SCRIPT_SIMPLE_EXTEND].body = simple_extend_lua;
+	scripts[RL_SCRIPT_REDISSON_ACQUIRE].body = redisson_acquire_lua;
+	scripts[RL_SCRIPT_REDISSON_RELEASE].body = redisson_release_lua;
+	scripts[RL_SCRIPT_REDISSON_EXTEND].body = redisson_extend_lua;
+	scripts[RL_SCRIPT_FORCE].body = force_lua;
+	scripts[RL_SCRIPT_INSPECT].body = inspect_lua;
+}
+
+/*
+ * SHA1s are computed on first use, not in _PG_init: the hash needs a
+ * resource owner, which the postmaster does not have.
+ */
+static void
+ensure_shas(void)
+{
+	static bool ready = false;
+	ResourceOwner saved = CurrentResourceOwner;
+	ResourceOwner tmp = NULL;
+	int			i;
+
+	if (ready)
+		return;
+	if (saved == NULL)
+		CurrentResourceOwner = tmp = ResourceOwnerCreate(NULL, "redis_lock scripts");
+	for (i = 0; i < RL_SCRIPT_COUNT; i++)
+		compute_sha(&scripts[i]);
+	if (tmp != NULL)
+	{
+		CurrentResourceOwner = saved;
+		ResourceOwnerDelete(tmp);
+	}
+	ready = true;
+}
+
+/* ----------------------------------------------------------------
+ * Names
+ * ----------------------------------------------------------------
+ */
+
+/* Does the key contain a Redis Cluster hash tag ({...} non-empty)? */
+static bool
+has_hash_tag(const char *key, size_t len)
+{
+	const char *open = memchr(key, '{', len);
+	const char *close;
+
+	if (open == NULL)
+		return false;
+	close = memchr(open + 1, '}', len - (open + 1 - key));
+	return close != NULL && close > open + 1;
+}
+
+static void
+build_slot_tags(void)
+{
+	static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+	int			remaining = 16384;
+	int			len;
+
+	slot_tags = MemoryContextAllocZero(TopMemoryContext, 16384 * sizeof(*slot_tags));
+	for (len = 1; len <= 5 && remaining > 0; len++)
+	{
+		int			idx[5] = {0};
+		char		buf[6];
+
+		for (;;)
+		{
+			int			i;
+			uint16		slot;
+
+			for (i = 0; i < len; i++)
+				buf[i] = alphabet[idx[i]];
+			buf[len] = '\0';
+			slot = rl_key_slot(buf, len);
+			if (slot_tags[slot][0] == '\0')
+			{
+				memcpy(slot_tags[slot], buf, len + 1);
+				if (--remaining == 0)
+					break;
+			}
+			for (i = len - 1; i >= 0; i--)
+			{
+				if (++idx[i] < (int) sizeof(alphabet) - 1)
+					break;
+				idx[i] = 0;
+			}
+			if (i < 0)
+				break;
+		}
+	}
+	if (remaining > 0)
+		elog(ERROR, "redis_lock: could not find a tag for every cluster slot");
+}
+
+/* prefix + ":" + key, braced unless key has a "{" (Redisson's rule) */
+static char *
+redisson_prefix_name(const char *prefix, const char *key)
+{
+	if (strchr(key, '{') != NULL)
+		return psprintf("%s:%s", prefix, key);
+	return psprintf("%s:{%s}", prefix, key);
+}
+
+/*
+ * Fill names for lock_name under the given protocol and key prefix.  The
+ * strings are allocated in cxt; owner is left empty (see rl_new_owner).
+ */
+void
+rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
+			   const char *lock_name, MemoryContext cxt)
+{
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+
+	names->protocol = protocol;
+	names->key = psprintf("%s%s", prefix ? prefix : "", lock_name);
+	names->keylen = strlen(names->key);
+	names->owner[0] = '\0';
+
+	if (protocol == RL_PROTOCOL_REDISSON)
+	{
+		names->channel = redisson_prefix_name("redisson_lock__channel", names->key);
+		names->fence_key = redisson_prefix_name("redisson_lock_token", names->key);
+	}
+	else
+	{
+		uint16		slot = rl_key_slot(names->key, names->keylen);
+
+		if (has_hash_tag(names->key, names->keylen))
+			names->channel = psprintf("redis_lock:release:%s", names->key);
+		else
+			names->channel = psprintf("redis_lock:release:{%s}", names->key);
+		if (slot_tags == NULL)
+			build_slot_tags();
+		names->fence_key = psprintf("%sredis_lock:fence:{%s}",
+									prefix ? prefix : "", slot_tags[slot]);
+		/* a hash tag inside the prefix decides the slot of both keys */
+		Assert(rl_key_slot(names->fence_key, strlen(names->fence_key)) == slot);
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * A fresh owner identity.  simple: marker + 128 random bits as hex, unique
+ * per grant.  redisson: this backend's "<uuid>:<pid>", like Redisson's
+ * "<client uuid>:<thread id>".
+ */
+void
+rl_new_owner(RLProtocol protocol, char *owner)
+{
+	if (protocol == RL_PROTOCOL_REDISSON)
+	{
+		if (redisson_field[0] == '\0')
+		{
+			uint8		u[16];
+			char		h[33];
+
+			if (!pg_strong_random(u, sizeof(u)))
+				ereport(ERROR,
+						(errcode(ERRCODE_INTERNAL_ERROR),
+						 errmsg("could not generate a random lock owner")));
+			u[6] = (u[6] & 0x0f) | 0x40;	/* version 4 */
+			u[8] = (u[8] & 0x3f) | 0x80;	/* variant */
+			hex_encode_bytes(u, 16, h);
+			snprintf(redisson_field, sizeof(redisson_field),
+					 "%.8s-%.4s-%.4s-%.4s-%.12s:%d",
+					 h, h + 8, h + 12, h + 16, h + 20, MyProcPid);
+		}
+		strlcpy(owner, redisson_field, RL_OWNER_LEN + 1);
+	}
+	else
+	{
+		uint8		r[16];
+
+		if (!pg_strong_random(r, sizeof(r)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate a random lock token")));
+		memcpy(owner, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
+		hex_encode_bytes(r, 16, owner + strlen(RL_TOKEN_MARKER));
+	}
+}
+
+const char *
+rl_pubsub_subscribe_cmd(void)
+{
+	return rl_sharded_pubsub ? "SSUBSCRIBE" : "SUBSCRIBE";
+}
+
+const char *
+rl_pubsub_unsubscribe_cmd(void)
+{
+	return rl_sharded_pubsub ? "SUNSUBSCRIBE" : "UNSUBSCRIBE";
+}
+
+static const char *
+publish_cmd(void)
+{
+	return rl_sharded_pubsub ? "SPUBLISH" : "PUBLISH";
+}
+
+/* ----------------------------------------------------------------
+ * Calls
+ * ----------------------------------------------------------------
+ */
+static char *
+ms_text(int64 ms)
+{
+	return psprintf(INT64_FORMAT, ms);
+}
+
+/* EVALSHA sha nkeys keys... args... (EVAL when there is no SHA) */
+void
+rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
+			   const char **keys, int nargs, const char **args)
+{
+	RLScript   *s = &scripts[id];
+	static const char *nkeys_text[] = {"0", "1", "2", "3", "4"};
+	int			i;
+
+	Assert(nkeys < (int) lengthof(nkeys_text));
+	ensure_shas();
+	call->conn = conn;
+	call->argc = 0;
+	if (s->sha[0] != '\0')
+	{
+		rl_call_arg(call, "EVALSHA", 7);
+		rl_call_arg(call, s->sha, 40);
+	}
+	else
+	{
+		rl_call_arg(call, "EVAL", 4);
+		rl_call_arg(call, s->body, strlen(s->body));
+	}
+	rl_call_arg(call, nkeys_text[nkeys], 1);
+	for (i = 0; i < nkeys; i++)
+		rl_call_arg(call, keys[i], strlen(keys[i]));
+	for (i = 0; i < nargs; i++)
+		rl_call_arg(call, args[i], strlen(args[i]));
+}
+
+/* Which script does this call run? (by its SHA) */
+static RLScript *
+script_of(RLCall *call)
+{
+	int			i;
+
+	for (i = 0; i < RL_SCRIPT_COUNT; i++)
+		if (call->argvlen[1] == 40 && memcmp(call->argv[1], scripts[i].sha, 40) == 0)
+			return &scripts[i];
+	return NULL;
+}
+
+/*
+ * Run script calls on their nodes.  A NOSCRIPT reply (Redis restarted or
+ * SCRIPT FLUSH) means the script did not run: those calls are sent again
+ * as EVAL, which also caches the script for the next EVALSHA.
+ */
+void
+rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
+{
+	int		   *idx = NULL;
+	int			nretry = 0;
+	int			i;
+
+	rl_target_run(t, calls, ncalls, mode);
+	for (i = 0; i < ncalls; i++)
+	{
+		RLCall	   *c = &calls[i];
+		RLScript   *s;
+
+		if (!rl_reply_is_error(c->reply, "NOSCRIPT") || (s = script_of(c)) == NULL)
+			continue;
+		c->argv[0] = "EVAL";
+		c->argvlen[0] = 4;
+		c->argv[1] = s->body;
+		c->argvlen[1] = strlen(s->body);
+		if (idx == NULL)
+			idx = palloc(sizeof(int) * ncalls);
+		idx[nretry++] = i;
+	}
+	if (nretry == ncalls)
+		rl_target_run(t, calls, ncalls, mode);
+	else if (nretry > 0)
+	{
+		RLCall	   *again = palloc(sizeof(RLCall) * nretry);
+
+		for (i = 0; i < nretry; i++)
+			again[i] = calls[idx[i]];
+		rl_target_run(t, again, nretry, mode);
+		for (i = 0; i < nretry; i++)
+			calls[idx[i]] = again[i];
+		pfree(again);
+	}
+	if (idx != NULL)
+		pfree(idx);
+}
+
+void
+rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
+{
+	const char *keys[2] = {n->key, n->fence_key};
+
+	if (n->protocol == RL_PROTOCOL_REDISSON)
+	{
+		const char *args[2] = {ms_text(lease_ms), n->owner};
+
+		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, 2, keys, 2, args);
+	}
+	else
+	{
+		const char *args[3] = {n->owner, ms_text(lease_ms), RL_TOKEN_MARKER};
+
+		rl_script_call(call, conn, RL_SCRIPT_SIMPLE_ACQUIRE, 2, keys, 3, args);
+	}
+}
+
+void
+rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
+{
+	const char *keys[2] = {n->key, n->channel};
+	const char *args[2] = {n->owner, publish_cmd()};
+
+	rl_script_call(call, conn,
+				   n->protocol == RL_PROTOCOL_REDISSON ?
+				   RL_SCRIPT_REDISSON_RELEASE : RL_SCRIPT_SIMPLE_RELEASE,
+				   2, keys, 2, args);
+}
+
+void
+rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
+{
+	const char *keys[1] = {n->key};
+	const char *args[2] = {n->owner, ms_text(lease_ms)};
+
+	rl_script_call(call, conn,
+				   n->protocol == RL_PROTOCOL_REDISSON ?
+				   RL_SCRIPT_REDISSON_EXTEND : RL_SCRIPT_SIMPLE_EXTEND,
+				   1, keys, 2, args);
+}
+
+void
+rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
+{
+	const char *keys[2] = {n->key, n->channel};
+	const char *args[2] = {publish_cmd(),
+	n->protocol == RL_PROTOCOL_REDISSON ? "hash" : "string"};
+
+	rl_script_call(call, conn, RL_SCRIPT_FORCE, 2, keys, 2, args);
+}
+
+void
+rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n)
+{
+	const char *keys[1] = {n->key};
+
+	rl_script_call(call, conn, RL_SCRIPT_INSPECT, 1, keys, 0, NULL);
+}
+
+/* ----------------------------------------------------------------
+ * Replies
+ * ----------------------------------------------------------------
+ */
+static char *
+reply_error_text(RLCall *call)
+{
+	if (call->error != NULL)
+		return call->error;
+	if (call->reply == NULL)
+		return pstrdup("no reply");
+	if (call->reply->type == REDIS_REPLY_ERROR)
+		return psprintf("Redis at %s replied: %s",
+						rl_conn_label(call->conn), call->reply->str);
+	return psprintf("unexpected reply from Redis at %s (type %d)",
+					rl_conn_label(call->conn), call->reply->type);
+}
+
+void
+rl_parse_acquire(RLCall *call, RLAcquireResult *res)
+{
+	RLReply    *r = call->reply;
+
+	memset(res, 0, sizeof(*res));
+	res->outcome = RL_ACQ_FAILED;
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+		r->element[0]->type != REDIS_REPLY_INTEGER)
+	{
+		res->error = reply_error_text(call);
+		return;
+	}
+	switch (r->element[0]->integer)
+	{
+		case 1:
+			res->outcome = RL_ACQ_GRANTED;
+			res->fence = r->element[1]->integer;
+			break;
+		case 0:
+			res->outcome = RL_ACQ_BUSY;
+			res->pttl = r->element[1]->integer;
+			res->holder_publishes = r->elements > 2 && r->element[2]->integer == 1;
+			break;
+		case -1:
+			res->outcome = RL_ACQ_WRONGTYPE;
+			res->type = r->element[1]->str ? r->element[1]->str : "unknown";
+			break;
+		default:
+			res->error = reply_error_text(call);
+	}
+}
+
+/*
+ * Decode a release/extend/force reply: 1 or 0; -1 with *error set when the
+ * round trip failed or the key has a foreign type ("wrongtype:<type>").
+ */
+int
+rl_parse_flag(RLCall *call, char **error)
+{
+	RLReply    *r = call->reply;
+
+	*error = NULL;
+	if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+		return r->integer ? 1 : 0;
+	if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+		r->element[1]->type == REDIS_REPLY_STRING)
+	{
+		*error = psprintf("wrongtype:%s", r->element[1]->str);
+		return -1;
+	}
+	*error = reply_error_text(call);
+	return -1;
+}

@@ -1,0 +1,419 @@
+/*-------------------------------------------------------------------------
+ *
+ * settings.c
+ *	  Owns every redis_lock.* setting (GUC) and the parsing of redis:// URLs.
+ *
+ *	  Nothing here talks to Redis or touches the lock table.  Changing a
+ *	  setting that decides where or how we connect bumps
+ *	  rl_settings_generation; transport.c and topology.c compare it to drop
+ *	  what they cached.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "redis_lock.h"
+
+#include <ctype.h>
+#include <limits.h>
+
+#include "miscadmin.h"
+#include "utils/guc.h"
+
+char	   *rl_url = NULL;
+char	   *rl_password = NULL;
+char	   *rl_key_prefix = NULL;
+int			rl_lease_time_ms = 30000;
+int			rl_wait_timeout_ms = 10000;
+int			rl_connect_timeout_ms = 2000;
+int			rl_command_timeout_ms = 2000;
+int			rl_protocol = RL_PROTOCOL_SIMPLE;
+bool		rl_verify_on_commit = true;
+int			rl_max_locks = 1024;
+char	   *rl_nodes = NULL;
+char	   *rl_sentinels = NULL;
+char	   *rl_sentinel_master = NULL;
+bool		rl_cluster = false;
+int			rl_wait_replicas = 0;
+int			rl_wait_replicas_timeout_ms = 100;
+bool		rl_sharded_pubsub = false;
+
+uint64		rl_settings_generation = 1;
+
+static const struct config_enum_entry protocol_options[] = {
+	{"simple", RL_PROTOCOL_SIMPLE, false},
+	{"redisson", RL_PROTOCOL_REDISSON, false},
+	{NULL, 0, false}
+};
+
+const char *
+rl_protocol_name(RLProtocol p)
+{
+	return p == RL_PROTOCOL_REDISSON ? "redisson" : "simple";
+}
+
+/*
+ * Parse redis://[user@]host[:port][/db].  IPv6 hosts go in brackets.  A
+ * password in the URL is refused: the URL is readable by every user, the
+ * password belongs in redis_lock.password, which is not.
+ */
+bool
+rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
+{
+	const char *p;
+	const char *at;
+	const char *hostend;
+	const char *slash;
+	size_t		hostlen;
+
+	memset(ep, 0, sizeof(*ep));
+	ep->port = 6379;
+	ep->db = 0;
+
+	if (url == NULL || *url == '\0')
+	{
+		*errmsg = "The URL is empty.";
+		return false;
+	}
+	if (strncmp(url, "rediss://", 9) == 0)
+	{
+		*errmsg = "TLS (rediss://) is not supported by this build.";
+		return false;
+	}
+	if (strncmp(url, "redis://", 8) != 0)
+	{
+		*errmsg = "The URL must start with \"redis://\".";
+		return false;
+	}
+	p = url + 8;
+	slash = strchr(p, '/');
+	at = strchr(p, '@');
+	if (at != NULL && (slash == NULL || at < slash))
+	{
+		size_t		ulen = at - p;
+
+		if (memchr(p, ':', ulen) != NULL)
+		{
+			*errmsg = "Put the password in redis_lock.password, not in the URL.";
+			return false;
+		}
+		if (ulen == 0 || ulen >= sizeof(ep->user))
+		{
+			*errmsg = "The user name in the URL is empty or too long.";
+			return false;
+		}
+		memcpy(ep->user, p, ulen);
+		ep->user[ulen] = '\0';
+		p = at + 1;
+	}
+
+	if (*p == '[')
+	{
+		const char *close = strchr(p, ']');
+
+		if (close == NULL)
+		{
+			*errmsg = "An IPv6 address in the URL lacks its closing \"]\".";
+			return false;
+		}
+		hostlen = close - (p + 1);
+		if (hostlen == 0 || hostlen >= sizeof(ep->host))
+		{
+			*errmsg = "The host name in the URL is empty or too long.";
+			return false;
+		}
+		memcpy(ep->host, p + 1, hostlen);
+		hostend = close + 1;
+	}
+	else
+	{
+		hostend = p;
+		while (*hostend && *hostend != ':' && *hostend != '/')
+			hostend++;
+		hostlen = hostend - p;
+		if (hostlen == 0 || hostlen >= sizeof(ep->host))
+		{
+			*errmsg = "The host name in the URL is empty or too long.";
+			return false;
+		}
+		memcpy(ep->host, p, hostlen);
+	}
+	ep->host[hostlen] = '\0';
+
+	p = hostend;
+	if (*p == ':')
+	{
+		char	   *end;
+		long		port;
+
+		errno = 0;
+		port = strtol(p + 1, &end, 10);
+		if (end == p + 1 || errno != 0 || port < 1 || port > 65535 ||
+			(*end != '\0' && *end != '/'))
+		{
+			*errmsg = "The port in the URL must be a number between 1 and 65535.";
+			return false;
+		}
+		ep->port = (int) port;
+		p = end;
+	}
+	if (*p == '/')
+	{
+		char	   *end;
+		long		db;
+
+		p++;
+		if (*p != '\0')
+		{
+			errno = 0;
+			db = strtol(p, &end, 10);
+			if (end == p || *end != '\0' || errno != 0 || db < 0 || db > INT_MAX)
+			{
+				*errmsg = "The database in the URL must be a non-negative number.";
+				return false;
+			}
+			ep->db = (int) db;
+		}
+	}
+	else if (*p != '\0')
+	{
+		*errmsg = "The URL has trailing characters after the host.";
+		return false;
+	}
+	return true;
+}
+
+/* "host:port" (with /db when not 0) for messages; palloc'd */
+char *
+rl_endpoint_label(const RLEndpoint *ep)
+{
+	bool		v6 = strchr(ep->host, ':') != NULL;
+
+	if (ep->db != 0)
+		return psprintf(v6 ? "[%s]:%d/%d" : "%s:%d/%d", ep->host, ep->port, ep->db);
+	return psprintf(v6 ? "[%s]:%d" : "%s:%d", ep->host, ep->port);
+}
+
+static bool
+check_url(char **newval, void **extra, GucSource source)
+{
+	RLEndpoint	ep;
+	char	   *msg;
+
+	if (!rl_parse_url(*newval, &ep, &msg))
+	{
+		GUC_check_errdetail("%s", msg);
+		return false;
+	}
+	return true;
+}
+
+/* Comma-separated list of URLs (Redlock masters, sentinels); empty is fine */
+static bool
+check_url_list(char **newval, void **extra, GucSource source)
+{
+	char	   *copy;
+	char	   *tok;
+	char	   *save = NULL;
+
+	if (*newval == NULL || **newval == '\0')
+		return true;
+	copy = pstrdup(*newval);
+	for (tok = strtok_r(copy, ", \t", &save); tok != NULL;
+		 tok = strtok_r(NULL, ", \t", &save))
+	{
+		RLEndpoint	ep;
+		char	   *msg;
+
+		if (!rl_parse_url(tok, &ep, &msg))
+		{
+			GUC_check_errdetail("\"%s\": %s", tok, msg);
+			pfree(copy);
+			return false;
+		}
+	}
+	pfree(copy);
+	return true;
+}
+
+static bool
+check_prefix(char **newval, void **extra, GucSource source)
+{
+	if (*newval != NULL && strlen(*newval) > RL_MAX_PREFIX_LEN)
+	{
+		GUC_check_errdetail("The key prefix must not be longer than %d bytes.",
+							RL_MAX_PREFIX_LEN);
+		return false;
+	}
+	return true;
+}
+
+static void
+bump_generation(const char *newval, void *extra)
+{
+	rl_settings_generation++;
+}
+
+static void
+bump_generation_bool(bool newval, void *extra)
+{
+	rl_settings_generation++;
+}
+
+void
+rl_define_settings(void)
+{
+	DefineCustomStringVariable("redis_lock.url",
+							   "Redis server holding the locks, as redis://[user@]host:port/db.",
+							   NULL,
+							   &rl_url,
+							   "redis://127.0.0.1:6379/0",
+							   PGC_SUSET,
+							   0,
+							   check_url, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.password",
+							   "Password sent with AUTH (with the URL's user, ACL AUTH).",
+							   NULL,
+							   &rl_password,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   NULL, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.key_prefix",
+							   "Prepended to every lock name to form the Redis key.",
+							   NULL,
+							   &rl_key_prefix,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   check_prefix, NULL, NULL);
+
+	DefineCustomIntVariable("redis_lock.lease_time",
+							"Lease of locks acquired with ttl NULL; the watchdog renews it every third of it.",
+							NULL,
+							&rl_lease_time_ms,
+							30000, 100, (int) RL_MAX_MS,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("redis_lock.wait_timeout",
+							"How long an acquire waits when wait is NULL.",
+							NULL,
+							&rl_wait_timeout_ms,
+							10000, 0, (int) RL_MAX_MS,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("redis_lock.connect_timeout",
+							"How long to wait for a TCP connection to Redis.",
+							NULL,
+							&rl_connect_timeout_ms,
+							2000, 1, 3600000,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("redis_lock.command_timeout",
+							"A Redis reply later than this is treated as a connection failure.",
+							NULL,
+							&rl_command_timeout_ms,
+							2000, 1, 3600000,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("redis_lock.protocol",
+							 "Layout of locks in Redis: simple (SET NX PX) or redisson (RLock hash).",
+							 NULL,
+							 &rl_protocol,
+							 RL_PROTOCOL_SIMPLE,
+							 protocol_options,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("redis_lock.verify_on_commit",
+							 "Check with Redis before COMMIT that transaction-scoped locks are still held.",
+							 NULL,
+							 &rl_verify_on_commit,
+							 true,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("redis_lock.max_locks",
+							"Capacity of the watchdog's shared registry of held locks (all backends).",
+							NULL,
+							&rl_max_locks,
+							1024, 16, 1000000,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("redis_lock.nodes",
+							   "Comma-separated redis:// URLs of independent masters; when set, locks use Redlock.",
+							   NULL,
+							   &rl_nodes,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   check_url_list, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.sentinels",
+							   "Comma-separated redis:// URLs of Sentinels; when set, the master is discovered through them.",
+							   NULL,
+							   &rl_sentinels,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   check_url_list, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.sentinel_master",
+							   "Name of the master the Sentinels monitor.",
+							   NULL,
+							   &rl_sentinel_master,
+							   "mymaster",
+							   PGC_SUSET,
+							   0,
+							   NULL, bump_generation, NULL);
+
+	DefineCustomBoolVariable("redis_lock.cluster",
+							 "Treat redis_lock.url as a seed node of a Redis Cluster.",
+							 NULL,
+							 &rl_cluster,
+							 false,
+							 PGC_SUSET,
+							 0,
+							 NULL, bump_generation_bool, NULL);
+
+	DefineCustomIntVariable("redis_lock.wait_replicas",
+							"After acquiring, wait until this many replicas have the lock (WAIT).",
+							NULL,
+							&rl_wait_replicas,
+							0, 0, 16,
+							PGC_USERSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("redis_lock.wait_replicas_timeout",
+							"How long WAIT may take after an acquire.",
+							NULL,
+							&rl_wait_replicas_timeout_ms,
+							100, 1, 60000,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("redis_lock.sharded_pubsub",
+							 "Use SPUBLISH/SSUBSCRIBE for wake-ups (Redisson clusters with sharded pub/sub).",
+							 NULL,
+							 &rl_sharded_pubsub,
+							 false,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("redis_lock");
+}

@@ -1,0 +1,1072 @@
+/*-------------------------------------------------------------------------
+ *
+ * transport.c
+ *	  Owns every hiredis object: connections to Redis servers, their
+ *	  handshake (AUTH, SELECT, CLIENT SETNAME), pipelined round trips over
+ *	  one or many sockets at once, and pub/sub subscriber connections.
+ *
+ *	  Every wait goes through a WaitEventSet on the process latch plus the
+ *	  sockets, so query cancel, statement_timeout, backend termination and
+ *	  postmaster death end it; every wait has a deadline.  hiredis replies
+ *	  are copied into palloc'd RLReply trees before anything can throw, so
+ *	  nothing malloc'd by hiredis outlives an ERROR except the cached
+ *	  connections themselves, which only rl_conn_close() frees.
+ *
+ *	  This file knows nothing about locks, scripts or topologies.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "redis_lock.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+
+#include <hiredis/hiredis.h>
+
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/fd.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/memutils.h"
+
+struct RLConn
+{
+	RLEndpoint	ep;
+	char	   *label;			/* "host:port" for messages */
+	bool		subscriber;		/* used only for (S)SUBSCRIBE */
+	redisContext *ctx;			/* NULL while closed */
+	uint64		generation;		/* settings generation at connect */
+	bool		busy;			/* replies outstanding from a cut-short run */
+	bool		ever_connected;
+	struct RLConn *next;
+};
+
+static RLConn *conn_list = NULL;
+static uint64 reconnects = 0;
+
+/* Per-run state of one connection */
+typedef struct RunConn
+{
+	RLConn	   *conn;
+	RLCall	  **sinks;			/* calls awaiting a reply, in send order */
+	int			nsinks;
+	int			sinkcap;
+	int			next;			/* next sink to receive a reply */
+	int			handshake;		/* handshake replies still expected */
+	bool		connecting;		/* TCP connect not finished */
+	bool		reused;			/* connection was open before this run */
+	bool		failed;
+	char	   *errmsg;
+	int			errcode;
+	TimestampTz connect_deadline;
+} RunConn;
+
+/* ----------------------------------------------------------------
+ * Wait sets.  Creating one costs an epoll instance and a few syscalls, so
+ * the last few are kept, keyed by the sockets they watch; any connect or
+ * close invalidates them (a reused fd number is a different socket).
+ * ----------------------------------------------------------------
+ */
+#define RL_WES_CACHE	2
+#define RL_WES_MAXSOCK	64
+
+typedef struct CachedWes
+{
+	WaitEventSet *set;
+	int			nsock;
+	pgsocket	fds[RL_WES_MAXSOCK];
+	uint32		events[RL_WES_MAXSOCK];
+	uint64		used;
+} CachedWes;
+
+static CachedWes wes_cache[RL_WES_CACHE];
+static uint64 wes_clock = 0;
+
+static void
+wes_invalidate(void)
+{
+	int			i;
+
+	for (i = 0; i < RL_WES_CACHE; i++)
+	{
+		if (wes_cache[i].set != NULL)
+			FreeWaitEventSet(wes_cache[i].set);
+		wes_cache[i].set = NULL;
+		wes_cache[i].nsock = 0;
+	}
+}
+
+/*
+ * Wait until one of the sockets is ready for what it asks, the latch is set
+ * or the timeout passes.  Returns the number of ready sockets; their index
+ * and readiness go to ready_idx[] / ready_ev[].  The latch is reset and
+ * interrupts are checked here (no-op while they are held).
+ */
+static int
+wait_sockets(int nsock, const pgsocket *fds, const uint32 *events,
+			 long timeout_ms, int *ready_idx, uint32 *ready_ev)
+{
+	CachedWes  *cw = NULL;
+	WaitEvent	occurred[RL_WES_MAXSOCK + 2];
+	int			i;
+	int			n;
+	int			nready = 0;
+
+	if (nsock > RL_WES_MAXSOCK)
+		elog(ERROR, "redis_lock: too many sockets to wait on (%d)", nsock);
+
+	for (i = 0; i < RL_WES_CACHE && cw == NULL; i++)
+	{
+		CachedWes  *c = &wes_cache[i];
+
+		if (c->set != NULL && c->nsock == nsock &&
+			memcmp(c->fds, fds, nsock * sizeof(pgsocket)) == 0)
+			cw = c;
+	}
+	if (cw == NULL)
+	{
+		/* evict the least recently used */
+		cw = &wes_cache[0];
+		for (i = 1; i < RL_WES_CACHE; i++)
+			if (wes_cache[i].used < cw->used)
+				cw = &wes_cache[i];
+		if (cw->set != NULL)
+			FreeWaitEventSet(cw->set);
+		cw->set = NULL;
+#if PG_VERSION_NUM >= 170000
+		cw->set = CreateWaitEventSet(NULL, nsock + 2);
+#else
+		cw->set = CreateWaitEventSet(TopMemoryContext, nsock + 2);
+#endif
+		AddWaitEventToSet(cw->set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(cw->set, WL_POSTMASTER_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		for (i = 0; i < nsock; i++)
+		{
+			AddWaitEventToSet(cw->set, events[i], fds[i], NULL, NULL);
+			cw->fds[i] = fds[i];
+			cw->events[i] = events[i];
+		}
+		cw->nsock = nsock;
+	}
+	else
+	{
+		for (i = 0; i < nsock; i++)
+		{
+			if (cw->events[i] != events[i])
+			{
+				ModifyWaitEvent(cw->set, i + 2, events[i], NULL);
+				cw->events[i] = events[i];
+			}
+		}
+	}
+	cw->used = ++wes_clock;
+
+	n = WaitEventSetWait(cw->set, timeout_ms, occurred, lengthof(occurred),
+						 RL_WAIT_EVENT);
+	for (i = 0; i < n; i++)
+	{
+		if (occurred[i].events & WL_LATCH_SET)
+		{
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+		else if (occurred[i].events & WL_POSTMASTER_DEATH)
+		{
+			if (!proc_exit_inprogress)
+				proc_exit(1);
+			/* already exiting: report the sockets as failed */
+			return -1;
+		}
+		else if (occurred[i].pos >= 2)
+		{
+			ready_idx[nready] = occurred[i].pos - 2;
+			ready_ev[nready] = occurred[i].events;
+			nready++;
+		}
+	}
+	return nready;
+}
+
+/* ----------------------------------------------------------------
+ * Replies
+ * ----------------------------------------------------------------
+ */
+static RLReply *
+copy_reply(redisReply *r)
+{
+	RLReply    *out = palloc0(sizeof(RLReply));
+
+	out->type = r->type;
+	out->integer = r->integer;
+	if (r->str != NULL)
+	{
+		out->str = palloc(r->len + 1);
+		memcpy(out->str, r->str, r->len);
+		out->str[r->len] = '\0';
+		out->len = r->len;
+	}
+	if (r->type == REDIS_REPLY_ARRAY && r->elements > 0)
+	{
+		size_t		i;
+
+		out->elements = r->elements;
+		out->element = palloc(sizeof(RLReply *) * r->elements);
+		for (i = 0; i < r->elements; i++)
+			out->element[i] = copy_reply(r->element[i]);
+	}
+	return out;
+}
+
+/* Take the next complete reply out of hiredis' buffer as a palloc'd copy */
+static bool
+next_reply(RLConn *conn, RLReply **out, char **errmsg)
+{
+	void	   *raw = NULL;
+
+	*out = NULL;
+	if (redisGetReplyFromReader(conn->ctx, &raw) != REDIS_OK)
+	{
+		*errmsg = pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "protocol error");
+		return false;
+	}
+	if (raw == NULL)
+		return true;
+	PG_TRY();
+	{
+		*out = copy_reply((redisReply *) raw);
+	}
+	PG_FINALLY();
+	{
+		freeReplyObject(raw);
+	}
+	PG_END_TRY();
+	return true;
+}
+
+bool
+rl_reply_is_error(RLReply *r, const char *prefix)
+{
+	return r != NULL && r->type == REDIS_REPLY_ERROR &&
+		(prefix == NULL || strncmp(r->str, prefix, strlen(prefix)) == 0);
+}
+
+/* ----------------------------------------------------------------
+ * Connections
+ * ----------------------------------------------------------------
+ */
+RLConn *
+rl_conn_for(const RLEndpoint *ep, bool subscriber)
+{
+	RLConn	   *c;
+	MemoryContext old;
+
+	for (c = conn_list; c != NULL; c = c->next)
+	{
+		if (c->subscriber == subscriber && c->ep.port == ep->port &&
+			c->ep.db == ep->db && strcmp(c->ep.host, ep->host) == 0 &&
+			strcmp(c->ep.user, ep->user) == 0)
+			return c;
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	c = palloc0(sizeof(RLConn));
+	c->ep = *ep;
+	c->label = rl_endpoint_label(ep);
+	c->subscriber = subscriber;
+	c->next = conn_list;
+	conn_list = c;
+	MemoryContextSwitchTo(old);
+	return c;
+}
+
+const char *
+rl_conn_label(RLConn *conn)
+{
+	return conn->label;
+}
+
+/* The only place a connection is closed and its hiredis memory freed */
+void
+rl_conn_close(RLConn *conn)
+{
+	if (conn->ctx != NULL)
+	{
+		redisFree(conn->ctx);
+		conn->ctx = NULL;
+		ReleaseExternalFD();
+		wes_invalidate();
+	}
+	conn->busy = false;
+}
+
+void
+rl_close_all(void)
+{
+	RLConn	   *c;
+
+	for (c = conn_list; c != NULL; c = c->next)
+		rl_conn_close(c);
+}
+
+uint64
+rl_reconnect_count(void)
+{
+	return reconnects;
+}
+
+static void
+run_fail(RunConn *rc, int errcode, char *msg)
+{
+	if (rc->failed)
+		return;
+	rc->failed = true;
+	rc->errcode = errcode;
+	rc->errmsg = msg;
+	/* its state is unknown: never reuse it */
+	rl_conn_close(rc->conn);
+}
+
+static void
+append_argv(RunConn *rc, int argc, const char **argv, const size_t *argvlen)
+{
+	if (rc->failed)
+		return;
+	if (redisAppendCommandArgv(rc->conn->ctx, argc, argv, argvlen) != REDIS_OK)
+		run_fail(rc, ERRCODE_OUT_OF_MEMORY, pstrdup("out of memory in hiredis"));
+}
+
+/*
+ * Start a non-blocking connect and queue the handshake in front of whatever
+ * the caller sends: the whole handshake costs no extra round trip.
+ */
+static void
+start_connect(RunConn *rc, TimestampTz now)
+{
+	RLConn	   *conn = rc->conn;
+	const char *argv[4];
+	size_t		argvlen[4];
+	char		buf[64];
+
+	if (!AcquireExternalFD())
+	{
+		rc->failed = true;
+		rc->errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
+		rc->errmsg = pstrdup("there are too many open files on the local server");
+		return;
+	}
+	conn->ctx = redisConnectNonBlock(conn->ep.host, conn->ep.port);
+	if (conn->ctx == NULL || conn->ctx->err)
+	{
+		char	   *msg = pstrdup(conn->ctx ? conn->ctx->errstr : "out of memory");
+
+		if (conn->ctx != NULL)
+			redisFree(conn->ctx);
+		conn->ctx = NULL;
+		ReleaseExternalFD();
+		rc->failed = true;
+		rc->errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
+		rc->errmsg = msg;
+		return;
+	}
+	wes_invalidate();
+	if (conn->ever_connected)
+	{
+		reconnects++;
+		rl_stats_add(RL_STAT_RECONNECTS, 1);
+	}
+	conn->ever_connected = true;
+	conn->generation = rl_settings_generation;
+	rc->connecting = true;
+	rc->connect_deadline = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
+	rc->handshake = 0;
+
+	if (rl_password != NULL && rl_password[0] != '\0')
+	{
+		int			argc = 0;
+
+		argv[argc] = "AUTH";
+		argvlen[argc++] = 4;
+		if (conn->ep.user[0] != '\0')
+		{
+			argv[argc] = conn->ep.user;
+			argvlen[argc++] = strlen(conn->ep.user);
+		}
+		argv[argc] = rl_password;
+		argvlen[argc++] = strlen(rl_password);
+		append_argv(rc, argc, argv, argvlen);
+		rc->handshake++;
+	}
+	if (conn->ep.db != 0 && !conn->subscriber)
+	{
+		snprintf(buf, sizeof(buf), "%d", conn->ep.db);
+		argv[0] = "SELECT";
+		argvlen[0] = 6;
+		argv[1] = buf;
+		argvlen[1] = strlen(buf);
+		append_argv(rc, 2, argv, argvlen);
+		rc->handshake++;
+	}
+	snprintf(buf, sizeof(buf), "redis_lock:%d%s%s", MyProcPid,
+			 MyBackendType == B_BG_WORKER ? ":worker" : "",
+			 conn->subscriber ? ":sub" : "");
+	argv[0] = "CLIENT";
+	argvlen[0] = 6;
+	argv[1] = "SETNAME";
+	argvlen[1] = 7;
+	argv[2] = buf;
+	argvlen[2] = strlen(buf);
+	append_argv(rc, 3, argv, argvlen);
+	rc->handshake++;
+}
+
+/* Check one handshake reply; the error never shows the password */
+static void
+check_handshake(RunConn *rc, RLReply *r)
+{
+	if (r->type != REDIS_REPLY_ERROR)
+		return;
+	if (strncmp(r->str, "WRONGPASS", 9) == 0 ||
+		strstr(r->str, "invalid password") != NULL ||
+		strstr(r->str, "invalid username-password") != NULL)
+		run_fail(rc, ERRCODE_INVALID_PASSWORD,
+				 psprintf("password authentication failed for Redis at %s",
+						  rc->conn->label));
+	else if (strncmp(r->str, "NOAUTH", 6) == 0)
+		run_fail(rc, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+				 psprintf("Redis at %s requires authentication", rc->conn->label));
+	else if (strstr(r->str, "AUTH") != NULL)
+		run_fail(rc, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+				 psprintf("Redis at %s refused authentication: %s",
+						  rc->conn->label, r->str));
+	else
+		run_fail(rc, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+				 psprintf("Redis at %s refused the connection setup: %s",
+						  rc->conn->label, r->str));
+}
+
+/* A NOAUTH reply to a normal command also means our credentials are off */
+static bool
+is_auth_reply(RLReply *r)
+{
+	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0;
+}
+
+/* Is this pub/sub push the confirmation a call waits for? */
+static bool
+push_matches(RLCall *call, RLReply *r)
+{
+	const char *cmd = call->argv[0];
+	const char *kind;
+
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+		r->element[0]->type != REDIS_REPLY_STRING ||
+		r->element[1]->type != REDIS_REPLY_STRING)
+		return false;
+	kind = r->element[0]->str;
+	if (pg_strcasecmp(kind, cmd) != 0)
+		return false;
+	return r->element[1]->len == call->argvlen[1] &&
+		memcmp(r->element[1]->str, call->argv[1], call->argvlen[1]) == 0;
+}
+
+/* Hand out every complete reply sitting in hiredis' buffer */
+static void
+drain_replies(RunConn *rc)
+{
+	while (!rc->failed && (rc->handshake > 0 || rc->next < rc->nsinks))
+	{
+		RLReply    *r;
+		char	   *err;
+
+		if (!next_reply(rc->conn, &r, &err))
+		{
+			run_fail(rc, ERRCODE_PROTOCOL_VIOLATION,
+					 psprintf("could not parse reply from Redis at %s: %s",
+							  rc->conn->label, err));
+			return;
+		}
+		if (r == NULL)
+			return;
+		if (rc->handshake > 0)
+		{
+			rc->handshake--;
+			check_handshake(rc, r);
+			continue;
+		}
+		else
+		{
+			RLCall	   *call = rc->sinks[rc->next];
+
+			if (rc->conn->subscriber)
+			{
+				/* skip stale messages until the awaited confirmation */
+				if (!push_matches(call, r))
+				{
+					if (r->type == REDIS_REPLY_ERROR)
+					{
+						call->reply = r;
+						rc->next++;
+					}
+					continue;
+				}
+			}
+			else if (is_auth_reply(r))
+			{
+				run_fail(rc, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+						 psprintf("Redis at %s requires authentication",
+								  rc->conn->label));
+				return;
+			}
+			call->reply = r;
+			rc->next++;
+		}
+	}
+}
+
+static char *
+io_error_text(RLConn *conn)
+{
+	if (conn->ctx == NULL)
+		return pstrdup("connection closed");
+	if (conn->ctx->err == REDIS_ERR_EOF)
+		return pstrdup("server closed the connection");
+	return pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "I/O error");
+}
+
+/* Socket became writable while connecting: did the connect succeed? */
+static void
+finish_connect(RunConn *rc)
+{
+	int			err = 0;
+	socklen_t	len = sizeof(err);
+
+	if (getsockopt(rc->conn->ctx->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+		err = errno;
+	if (err == EINPROGRESS)
+		return;
+	if (err != 0)
+	{
+		run_fail(rc, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+				 pstrdup(strerror(err)));
+		return;
+	}
+	rc->connecting = false;
+}
+
+static bool
+run_done(RunConn *rc)
+{
+	return rc->failed ||
+		(!rc->connecting && rc->handshake == 0 && rc->next >= rc->nsinks);
+}
+
+static void
+report_failure(RunConn *rc)
+{
+	int			code = rc->errcode;
+
+	if (code == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION &&
+		strncmp(rc->errmsg, "could not", 9) != 0 &&
+		strncmp(rc->errmsg, "Redis at", 8) != 0)
+		ereport(ERROR,
+				(errcode(code),
+				 errmsg("could not connect to Redis at %s: %s",
+						rc->conn->label, rc->errmsg),
+				 errhint("Check redis_lock.url and that Redis is running.")));
+	if (code == ERRCODE_INVALID_PASSWORD ||
+		code == ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION)
+		ereport(ERROR,
+				(errcode(code),
+				 errmsg("%s", rc->errmsg),
+				 errhint("Check redis_lock.password and the user in redis_lock.url.")));
+	ereport(ERROR,
+			(errcode(code),
+			 errmsg("%s", rc->errmsg),
+			 errhint("Check redis_lock.url, redis_lock.command_timeout and that Redis is running.")));
+}
+
+static char *
+soft_message(RunConn *rc)
+{
+	if (rc->errcode == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION &&
+		strncmp(rc->errmsg, "could not", 9) != 0 &&
+		strncmp(rc->errmsg, "Redis at", 8) != 0)
+		return psprintf("could not connect to Redis at %s: %s",
+						rc->conn->label, rc->errmsg);
+	return rc->errmsg;
+}
+
+/* (Re)connect rc's connection if needed and queue all its calls */
+static void
+queue_run(RunConn *rc, TimestampTz now)
+{
+	RLConn	   *conn = rc->conn;
+	int			i;
+
+	rc->next = 0;
+	rc->handshake = 0;
+	rc->connecting = false;
+	rc->failed = false;
+	rc->reused = conn->ctx != NULL;
+	if (conn->ctx == NULL)
+		start_connect(rc, now);
+	for (i = 0; i < rc->nsinks; i++)
+		append_argv(rc, rc->sinks[i]->argc, rc->sinks[i]->argv,
+					rc->sinks[i]->argvlen);
+	if (!rc->failed)
+		conn->busy = true;
+}
+
+/*
+ * A connection that sat idle in our cache may have died meanwhile (Redis
+ * restarted, CLIENT KILL, idle timeout).  When it fails with an I/O error
+ * before giving any reply, try once more on a fresh connection.  Callers
+ * only send commands that are safe to repeat (our scripts are idempotent
+ * for a given token).
+ */
+static bool
+retry_stale(RunConn *rc, TimestampTz now)
+{
+	if (!rc->reused || rc->next > 0 || rc->errcode != ERRCODE_CONNECTION_FAILURE)
+		return false;
+	queue_run(rc, now);
+	rc->reused = false;
+	if (!rc->failed && !rc->connecting)
+	{
+		int			done;
+
+		if (redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
+			run_fail(rc, ERRCODE_CONNECTION_FAILURE,
+					 psprintf("could not send to Redis at %s: %s",
+							  rc->conn->label, io_error_text(rc->conn)));
+	}
+	return true;
+}
+
+/*
+ * Send every call and collect every reply, over all the connections they
+ * name at once: connects run in parallel, commands on one connection are
+ * pipelined, and the wait is one latch wait over all sockets.  The whole
+ * round trip is bounded by timeout_ms (plus connect_timeout where a connect
+ * is needed).
+ *
+ * RL_RUN_HARD: the first failure closes that connection and raises ERROR.
+ * RL_RUN_SOFT: failures are recorded in the calls; nothing is raised except
+ * by interrupts (hold them if that matters).
+ */
+void
+rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
+{
+	RunConn    *runs;
+	int			nruns = 0;
+	int			i;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz deadline;
+	bool		any_connect = false;
+
+	runs = palloc0(sizeof(RunConn) * ncalls);
+	for (i = 0; i < ncalls; i++)
+	{
+		RLCall	   *call = &calls[i];
+		RunConn    *rc = NULL;
+		int			j;
+
+		call->reply = NULL;
+		call->error = NULL;
+		call->sqlstate = 0;
+		for (j = 0; j < nruns && rc == NULL; j++)
+			if (runs[j].conn == call->conn)
+				rc = &runs[j];
+		if (rc == NULL)
+		{
+			rc = &runs[nruns++];
+			rc->conn = call->conn;
+			rc->sinkcap = 4;
+			rc->sinks = palloc(sizeof(RLCall *) * rc->sinkcap);
+		}
+		if (rc->nsinks == rc->sinkcap)
+		{
+			rc->sinkcap *= 2;
+			rc->sinks = repalloc(rc->sinks, sizeof(RLCall *) * rc->sinkcap);
+		}
+		rc->sinks[rc->nsinks++] = call;
+	}
+
+	for (i = 0; i < nruns; i++)
+	{
+		RunConn    *rc = &runs[i];
+		RLConn	   *conn = rc->conn;
+		int			done;
+
+		/* a connection left mid-reply or set up with old settings */
+		if (conn->ctx != NULL &&
+			(conn->busy || conn->generation != rl_settings_generation ||
+			 conn->ctx->err))
+			rl_conn_close(conn);
+		queue_run(rc, now);
+		if (rc->connecting)
+			any_connect = true;
+		/* first write attempt; usually everything fits the socket buffer */
+		if (!rc->failed && !rc->connecting &&
+			redisBufferWrite(conn->ctx, &done) != REDIS_OK)
+		{
+			run_fail(rc, ERRCODE_CONNECTION_FAILURE,
+					 psprintf("could not send to Redis at %s: %s",
+							  conn->label, io_error_text(conn)));
+			if (retry_stale(rc, now))
+				any_connect = true;
+		}
+	}
+	deadline = TimestampTzPlusMilliseconds(now, timeout_ms +
+										   (any_connect ? rl_connect_timeout_ms : 0));
+
+	for (;;)
+	{
+		pgsocket	fds[RL_WES_MAXSOCK];
+		uint32		events[RL_WES_MAXSOCK];
+		int			map[RL_WES_MAXSOCK];
+		int			ready_idx[RL_WES_MAXSOCK];
+		uint32		ready_ev[RL_WES_MAXSOCK];
+		int			nsock = 0;
+		int			nready;
+		long		wait_ms;
+
+		now = GetCurrentTimestamp();
+		for (i = 0; i < nruns; i++)
+		{
+			RunConn    *rc = &runs[i];
+			uint32		ev;
+
+			if (run_done(rc))
+				continue;
+			if (rc->connecting)
+			{
+				if (now >= rc->connect_deadline)
+				{
+					run_fail(rc, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+							 psprintf("could not connect to Redis at %s: timed out after %s",
+									  rc->conn->label,
+									  rl_format_ms(rl_connect_timeout_ms)));
+					continue;
+				}
+				ev = WL_SOCKET_CONNECTED;
+			}
+			else
+			{
+				ev = WL_SOCKET_READABLE;
+				if (sdslen(rc->conn->ctx->obuf) > 0)
+					ev |= WL_SOCKET_WRITEABLE;
+			}
+			if (now >= deadline)
+			{
+				run_fail(rc, ERRCODE_CONNECTION_FAILURE,
+						 psprintf("Redis at %s did not reply within %s",
+								  rc->conn->label, rl_format_ms(timeout_ms)));
+				continue;
+			}
+			if (nsock >= RL_WES_MAXSOCK)
+				elog(ERROR, "redis_lock: too many connections in one round trip");
+			fds[nsock] = rc->conn->ctx->fd;
+			events[nsock] = ev;
+			map[nsock] = i;
+			nsock++;
+		}
+		if (nsock == 0)
+			break;
+
+		wait_ms = (long) ((deadline - now + 999) / 1000);
+		for (i = 0; i < nsock; i++)
+			if (runs[map[i]].connecting)
+				wait_ms = Min(wait_ms,
+							  (long) ((runs[map[i]].connect_deadline - now + 999) / 1000));
+		if (wait_ms < 1)
+			wait_ms = 1;
+
+		nready = wait_sockets(nsock, fds, events, wait_ms, ready_idx, ready_ev);
+		if (nready < 0)
+		{
+			for (i = 0; i < nsock; i++)
+				run_fail(&runs[map[i]], ERRCODE_CONNECTION_FAILURE,
+						 pstrdup("postmaster exited"));
+			break;
+		}
+		now = GetCurrentTimestamp();
+		for (i = 0; i < nready; i++)
+		{
+			RunConn    *rc = &runs[map[ready_idx[i]]];
+			int			done;
+
+			if (rc->failed)
+				continue;
+			if (rc->connecting)
+			{
+				finish_connect(rc);
+				if (rc->failed || rc->connecting)
+					continue;
+			}
+			if (sdslen(rc->conn->ctx->obuf) > 0 &&
+				redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
+			{
+				run_fail(rc, ERRCODE_CONNECTION_FAILURE,
+						 psprintf("could not send to Redis at %s: %s",
+								  rc->conn->label, io_error_text(rc->conn)));
+				retry_stale(rc, now);
+				continue;
+			}
+			if (ready_ev[i] & WL_SOCKET_READABLE)
+			{
+				if (redisBufferRead(rc->conn->ctx) != REDIS_OK)
+				{
+					/* hand out what arrived before the failure */
+					drain_replies(rc);
+					if (!run_done(rc))
+					{
+						run_fail(rc, ERRCODE_CONNECTION_FAILURE,
+								 psprintf("lost connection to Redis at %s: %s",
+										  rc->conn->label, io_error_text(rc->conn)));
+						retry_stale(rc, now);
+					}
+					continue;
+				}
+				drain_replies(rc);
+			}
+		}
+	}
+
+	/* settle: finished connections are reusable, failures go to the calls */
+	for (i = 0; i < nruns; i++)
+		if (!runs[i].failed)
+			runs[i].conn->busy = false;
+	for (i = 0; i < nruns; i++)
+	{
+		RunConn    *rc = &runs[i];
+		int			j;
+
+		if (!rc->failed)
+			continue;
+		if (mode == RL_RUN_HARD)
+			report_failure(rc);
+		for (j = 0; j < rc->nsinks; j++)
+		{
+			RLCall	   *call = rc->sinks[j];
+
+			if (call->reply == NULL)
+			{
+				call->error = soft_message(rc);
+				call->sqlstate = rc->errcode;
+			}
+		}
+	}
+	for (i = 0; i < nruns; i++)
+		pfree(runs[i].sinks);
+	pfree(runs);
+}
+
+void
+rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
+			const size_t *argvlen)
+{
+	int			i;
+
+	Assert(argc <= RL_MAX_ARGS);
+	call->conn = conn;
+	call->argc = argc;
+	for (i = 0; i < argc; i++)
+	{
+		call->argv[i] = argv[i];
+		call->argvlen[i] = argvlen ? argvlen[i] : strlen(argv[i]);
+	}
+	call->reply = NULL;
+	call->error = NULL;
+}
+
+void
+rl_call_arg(RLCall *call, const char *arg, size_t len)
+{
+	if (call->argc >= RL_MAX_ARGS)
+		elog(ERROR, "redis_lock: too many arguments for one command");
+	call->argv[call->argc] = arg;
+	call->argvlen[call->argc] = len;
+	call->argc++;
+}
+
+/* One command, one connection, hard mode: the reply or an ERROR */
+RLReply *
+rl_command(RLConn *conn, int argc, const char **argv, const size_t *argvlen)
+{
+	RLCall		call;
+
+	memset(&call, 0, sizeof(call));
+	rl_call_set(&call, conn, argc, argv, argvlen);
+	rl_run(&call, 1, RL_RUN_HARD, rl_command_timeout_ms);
+	return call.reply;
+}
+
+/* ----------------------------------------------------------------
+ * Pub/sub.  A subscriber connection carries only (S)SUBSCRIBE,
+ * (S)UNSUBSCRIBE and pushed messages.  Unsubscribing does not wait for its
+ * confirmation; the next subscribe skips whatever stale pushes precede its
+ * own confirmation.
+ * ----------------------------------------------------------------
+ */
+void
+rl_subscribe(RLConn **subs, int n, const char *cmd, const char *channel,
+			 int timeout_ms)
+{
+	RLCall	   *calls = palloc0(sizeof(RLCall) * n);
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		const char *argv[2] = {cmd, channel};
+
+		rl_call_set(&calls[i], subs[i], 2, argv, NULL);
+	}
+	/* a failed subscription only costs promptness; the poll still runs */
+	rl_run(calls, n, RL_RUN_SOFT, timeout_ms);
+	for (i = 0; i < n; i++)
+		if (calls[i].reply != NULL && calls[i].reply->type == REDIS_REPLY_ERROR)
+			rl_conn_close(subs[i]);
+	pfree(calls);
+}
+
+void
+rl_unsubscribe_async(RLConn **subs, int n, const char *cmd, const char *channel)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *c = subs[i];
+		const char *argv[2] = {cmd, channel};
+		size_t		argvlen[2] = {strlen(cmd), strlen(channel)};
+		int			done;
+
+		if (c->ctx == NULL)
+			continue;
+		if (redisAppendCommandArgv(c->ctx, 2, argv, argvlen) != REDIS_OK ||
+			redisBufferWrite(c->ctx, &done) != REDIS_OK)
+			rl_conn_close(c);
+	}
+}
+
+/* Is this push a message on our channel? */
+static bool
+is_message_for(RLReply *r, const char *channel)
+{
+	const char *kind;
+
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
+		r->element[0]->type != REDIS_REPLY_STRING ||
+		r->element[1]->type != REDIS_REPLY_STRING)
+		return false;
+	kind = r->element[0]->str;
+	if (strcmp(kind, "message") != 0 && strcmp(kind, "smessage") != 0)
+		return false;
+	return strcmp(r->element[1]->str, channel) == 0;
+}
+
+/*
+ * Wait up to timeout_ms for a message on channel on any of the subscriber
+ * connections.  Returns true when woken by a message, or when a subscriber
+ * connection broke (the caller then retries at once and resubscribes);
+ * false on timeout.
+ */
+bool
+rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   timeout_ms);
+
+	for (;;)
+	{
+		pgsocket	fds[RL_WES_MAXSOCK];
+		uint32		events[RL_WES_MAXSOCK];
+		int			map[RL_WES_MAXSOCK];
+		int			ready_idx[RL_WES_MAXSOCK];
+		uint32		ready_ev[RL_WES_MAXSOCK];
+		int			nsock = 0;
+		int			nready;
+		int			i;
+		bool		woken = false;
+		TimestampTz now;
+		long		wait_ms;
+
+		/* anything already buffered? */
+		for (i = 0; i < n; i++)
+		{
+			RLConn	   *c = subs[i];
+			RLReply    *r;
+			char	   *err;
+
+			if (c->ctx == NULL)
+				continue;
+			for (;;)
+			{
+				if (!next_reply(c, &r, &err))
+				{
+					rl_conn_close(c);
+					return true;
+				}
+				if (r == NULL)
+					break;
+				if (is_message_for(r, channel))
+					woken = true;
+			}
+		}
+		if (woken)
+			return true;
+
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			return false;
+		for (i = 0; i < n; i++)
+		{
+			if (subs[i]->ctx == NULL)
+				continue;
+			fds[nsock] = subs[i]->ctx->fd;
+			events[nsock] = WL_SOCKET_READABLE;
+			if (sdslen(subs[i]->ctx->obuf) > 0)
+				events[nsock] |= WL_SOCKET_WRITEABLE;
+			map[nsock++] = i;
+		}
+		wait_ms = (long) ((deadline - now + 999) / 1000);
+		if (nsock == 0)
+		{
+			/* no subscription: plain latch sleep, the caller polls */
+			int			rc = WaitLatch(MyLatch,
+									   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+									   wait_ms, RL_WAIT_EVENT);
+
+			if (rc & WL_LATCH_SET)
+			{
+				ResetLatch(MyLatch);
+				CHECK_FOR_INTERRUPTS();
+			}
+			continue;
+		}
+		nready = wait_sockets(nsock, fds, events, wait_ms, ready_idx, ready_ev);
+		if (nready < 0)
+			return true;
+		for (i = 0; i < nready; i++)
+		{
+			RLConn	   *c = subs[map[ready_idx[i]]];
+			int			done;
+
+			if (c->ctx == NULL)
+				continue;
+			if (sdslen(c->ctx->obuf) > 0 &&
+				redisBufferWrite(c->ctx, &done) != REDIS_OK)
+			{
+				rl_conn_close(c);
+				return true;
+			}
+			if ((ready_ev[i] & WL_SOCKET_READABLE) &&
+				redisBufferRead(c->ctx) != REDIS_OK)
+			{
+				rl_conn_close(c);
+				return true;
+			}
+		}
+	}
+}

@@ -1,0 +1,237 @@
+"""Throwaway Redis and PostgreSQL servers on 127.0.0.1 for redis_lock tests.
+
+Every server a test needs is started here and stopped here, bounded in time.
+PostgreSQL refuses to run as root, so when we are root it runs as the
+unprivileged user RLTEST_USER (created by .ci/run / scripts/install-deps).
+
+Library use (pytest fixtures in conftest.py) or command line:
+
+    python3 t/testbed.py up DIR      # Redis + preloaded PostgreSQL; writes DIR/env
+    python3 t/testbed.py down DIR
+"""
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import psycopg2
+import redis
+
+PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
+RLTEST_USER = os.environ.get("RLTEST_USER", "rltest")
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port():
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
+    """Poll pred() until true; raise after timeout.  Returns pred's value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError("timed out waiting for " + what)
+        time.sleep(interval)
+
+
+def _as_pg_user(cmd):
+    if os.geteuid() == 0:
+        return ["runuser", "-u", RLTEST_USER, "--"] + cmd
+    return cmd
+
+
+class Redis:
+    """One redis-server process (no persistence unless asked)."""
+
+    def __init__(self, port=None, args=(), workdir=None, password=None):
+        self.port = port or free_port()
+        self.dir = workdir or tempfile.mkdtemp(prefix="rl-redis-")
+        self.args = list(args)
+        self.password = password
+        self.proc = None
+
+    def start(self, timeout=10):
+        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--dir", self.dir,
+               "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")]
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        cmd += self.args
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise RuntimeError("redis-server exited: see " + self.dir + "/redis.log")
+            try:
+                return self.client(socket_timeout=0.5).ping()
+            except redis.exceptions.AuthenticationError:
+                return True
+            except redis.exceptions.ResponseError as e:
+                return "NOAUTH" in str(e)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                return False
+        wait_until(up, timeout, what="redis-server on port %d" % self.port)
+        return self
+
+    def client(self, **kw):
+        kw.setdefault("socket_timeout", 5)
+        if self.password and "password" not in kw:
+            kw["password"] = self.password
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+    @property
+    def url(self):
+        return "redis://127.0.0.1:%d/0" % self.port
+
+    def pause(self):
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self, timeout=10):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+class Postgres:
+    """One PostgreSQL instance in a fresh data directory."""
+
+    def __init__(self, port=None, preload=True, conf=None):
+        self.port = port or free_port()
+        self.preload = preload
+        self.conf = dict(conf or {})
+        self.base = tempfile.mkdtemp(prefix="rl-pg-")
+        self.data = os.path.join(self.base, "data")
+        self.log = os.path.join(self.base, "postgres.log")
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(RLTEST_USER)
+            os.chown(self.base, pw.pw_uid, pw.pw_gid)
+
+    def _run(self, cmd, timeout=120, check=True):
+        return subprocess.run(_as_pg_user(cmd), check=check, timeout=timeout,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def init(self):
+        self._run([PGBIN + "/initdb", "-D", self.data, "-U", "postgres",
+                   "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+        lines = ["listen_addresses = '127.0.0.1'",
+                 "port = %d" % self.port,
+                 "unix_socket_directories = '%s'" % self.base,
+                 "fsync = off",
+                 "max_connections = 60",
+                 "log_line_prefix = '%m [%p] '",
+                 "restart_after_crash = on"]
+        if self.preload:
+            lines.append("shared_preload_libraries = 'redis_lock'")
+        for k, v in self.conf.items():
+            lines.append("%s = '%s'" % (k, v))
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write("\n".join(lines) + "\n")
+        return self
+
+    def set_conf(self, **kw):
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            for k, v in kw.items():
+                f.write("%s = '%s'\n" % (k.replace("__", "."), v))
+
+    def start(self):
+        self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"])
+        return self
+
+    def stop(self, mode="fast"):
+        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            self._run([PGBIN + "/pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop"],
+                      check=False)
+
+    def restart(self):
+        self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60",
+                   "-m", "fast", "restart"])
+
+    def reload(self):
+        self._run([PGBIN + "/pg_ctl", "-D", self.data, "reload"])
+
+    def connect(self, dbname="postgres", autocommit=True, user="postgres", **kw):
+        c = psycopg2.connect(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
+                             connect_timeout=10, **kw)
+        c.autocommit = autocommit
+        return c
+
+    def postmaster_pid(self):
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            return int(f.readline())
+
+    def log_text(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def cleanup(self):
+        self.stop("immediate")
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def sql_one(conn, query, args=None):
+    with conn.cursor() as cur:
+        cur.execute(query, args)
+        row = cur.fetchone()
+        return row[0] if row and len(row) == 1 else row
+
+
+def _cli(argv):
+    if len(argv) != 3 or argv[1] not in ("up", "down"):
+        sys.exit("usage: testbed.py up|down DIR")
+    d = argv[2]
+    os.makedirs(d, exist_ok=True)
+    envfile = os.path.join(d, "env")
+    if argv[1] == "up":
+        r = Redis(workdir=d).start()
+        pg = Postgres(conf={"redis_lock.url": r.url}).init().start()
+        with open(envfile, "w") as f:
+            f.write("RL_REDIS_PORT=%d\nRL_REDIS_PID=%d\nPGHOST=127.0.0.1\nPGPORT=%d\n"
+                    "PGUSER=postgres\nRL_PG_DATA=%s\nRL_PG_BASE=%s\n"
+                    % (r.port, r.proc.pid, pg.port, pg.data, pg.base))
+        print(open(envfile).read(), end="")
+    else:
+        env = dict(line.strip().split("=", 1) for line in open(envfile) if "=" in line)
+        subprocess.run(_as_pg_user([PGBIN + "/pg_ctl", "-D", env["RL_PG_DATA"], "-m",
+                                    "immediate", "-w", "stop"]), check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            os.kill(int(env["RL_REDIS_PID"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(env["RL_PG_BASE"], ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _cli(sys.argv)
