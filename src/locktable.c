@@ -229,7 +229,8 @@ call_sqlstate(RLCall *call)
 			strncmp(r->str, "CLUSTERDOWN", 11) == 0 ||
 			strncmp(r->str, "TRYAGAIN", 8) == 0)
 			return ERRCODE_CONNECTION_FAILURE;
-		if (strncmp(r->str, "NOPERM", 6) == 0)
+		if (strncmp(r->str, "NOPERM", 6) == 0 ||
+			strstr(r->str, "can't run this command") != NULL)
 			return ERRCODE_INSUFFICIENT_PRIVILEGE;
 		if (strncmp(r->str, "WRONGTYPE", 9) == 0)
 			return ERRCODE_WRONG_OBJECT_TYPE;
@@ -274,11 +275,10 @@ report_wrongtype(const char *name, RLLockNames *n, const char *type)
 			 errhint("Check redis_lock.protocol and redis_lock.key_prefix, or use another lock name.")));
 }
 
+/* Every call that finds a lock lost says so (API: false plus a WARNING) */
 static void
 warn_lost(RLHeld *e)
 {
-	if (e->lost_reported)
-		return;
 	e->lost_reported = true;
 	ereport(WARNING,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
@@ -359,11 +359,13 @@ release_batch(RLHeld **ents, int n, int mode, int *results, RLCall **failed)
 
 /*
  * Release in Redis every entry in ents (their holds already zero), never
- * raising: failures become WARNINGs and the entries stay as doubts.
- * Interrupts are held so the bounded wait cannot be cut short by a cancel.
+ * raising.  For loud entries (locks the session held) failures become
+ * WARNINGs and a missing key is reported lost; doubts are settled quietly.
+ * Entries whose outcome stays unknown remain as doubts.  Interrupts are held
+ * so the bounded wait cannot be cut short by a cancel.
  */
 static void
-release_soft(RLHeld **ents, int n, bool quiet_lost)
+release_soft(RLHeld **ents, int n, const bool *loud)
 {
 	int		   *results;
 	RLCall	  **failed;
@@ -379,22 +381,32 @@ release_soft(RLHeld **ents, int n, bool quiet_lost)
 	for (i = 0; i < n; i++)
 	{
 		RLHeld	   *e = ents[i];
+		bool		l = loud != NULL && loud[i];
 
 		if (results[i] == RELEASE_UNKNOWN)
 		{
-			if (!quiet_lost)
+			if (l)
 				report_call(WARNING, "release", e->name, failed[i]);
 			continue;
 		}
-		if (results[i] == 0 && !quiet_lost && !e->lost)
+		if (results[i] == 0 && l && !e->lost)
 		{
 			mark_lost(e);
 			warn_lost(e);
 		}
-		if (results[i] == 1)
+		if (results[i] == 1 && l)
 			rl_stats_add(RL_STAT_RELEASED, 1);
 		entry_remove(e);
 	}
+}
+
+static bool *
+all_loud(int n)
+{
+	bool	   *loud = palloc(sizeof(bool) * Max(n, 1));
+
+	memset(loud, true, sizeof(bool) * Max(n, 1));
+	return loud;
 }
 
 /* ----------------------------------------------------------------
@@ -430,7 +442,7 @@ settle_doubts(void)
 		else if (n < ndoubts)
 			ents[n++] = e;
 	}
-	release_soft(ents, n, true);
+	release_soft(ents, n, NULL);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
 }
@@ -484,7 +496,11 @@ rl_safe_point(void)
  * ----------------------------------------------------------------
  */
 
-/* One acquire attempt on the entry's node(s); hard mode */
+/*
+ * One acquire attempt on the entry's node(s).  A failure before anything
+ * was sent means the script did not run: the entry is dropped and the
+ * error raised.  A failure after sending leaves the entry as a doubt.
+ */
 static void
 attempt(RLHeld *e, int64 lease_ms, RLAcquireResult *res)
 {
@@ -495,11 +511,25 @@ attempt(RLHeld *e, int64 lease_ms, RLAcquireResult *res)
 	memset(&call, 0, sizeof(call));
 	e->expires_at = doubt_horizon(lease_ms);
 	rl_call_acquire(&call, conns[0], &e->names, lease_ms);
-	rl_script_run(e->target, &call, 1, RL_RUN_HARD);
+	rl_script_run(e->target, &call, 1, RL_RUN_SOFT);
+	if (call.error != NULL)
+	{
+		if (!call.sent)
+		{
+			entry_remove(e);
+			rl_stats_add(RL_STAT_FAILED, 1);
+		}
+		rl_raise_call_error(&call);
+	}
 	rl_parse_acquire(&call, res);
 	if (res->outcome == RL_ACQ_FAILED)
 	{
-		report_call(ERROR, "acquire", e->name, &call);
+		/* Redis answered with an error: the script did not grant */
+		char	   *name = pstrdup(e->name);
+
+		entry_remove(e);
+		rl_stats_add(RL_STAT_FAILED, 1);
+		report_call(ERROR, "acquire", name, &call);
 	}
 }
 
@@ -778,7 +808,7 @@ rl_release_one_error_safe(const char *name)
 	if (RL_HOLDS(e) > 0)
 		return;
 	became_doubt(e);
-	release_soft(&e, 1, false);
+	release_soft(&e, 1, all_loud(1));
 }
 
 int
@@ -969,6 +999,7 @@ end_of_xact(void)
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 	RLHeld	  **ents;
+	bool	   *loud;
 	int			n = 0;
 	MemoryContext old;
 
@@ -976,6 +1007,7 @@ end_of_xact(void)
 		return;
 	old = MemoryContextSwitchTo(work_cxt);
 	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
+	loud = palloc(sizeof(bool) * Max(hash_get_num_entries(held), 1));
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
@@ -992,15 +1024,17 @@ end_of_xact(void)
 				entry_remove(e);
 				continue;
 			}
+			loud[n] = true;
 			ents[n++] = e;
 		}
 		else if (RL_HOLDS(e) == 0)
 		{
-			/* an older doubt: settle it in the same round trip */
+			/* an older doubt: settle it quietly in the same round trip */
+			loud[n] = false;
 			ents[n++] = e;
 		}
 	}
-	release_soft(ents, n, false);
+	release_soft(ents, n, loud);
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
 	MemoryContextSwitchTo(old);
@@ -1020,7 +1054,7 @@ xact_callback(XactEvent event, void *arg)
 				ereport(ERROR,
 						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 						 errmsg("cannot PREPARE a transaction that holds transaction-scoped Redis locks"),
-						 errhint("Release them with a session-scoped lock instead, or commit without two-phase commit.")));
+						 errhint("Use session-scoped locks (xact => false) in transactions that are prepared.")));
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -1061,7 +1095,7 @@ exit_callback(int code, Datum arg)
 	}
 	PG_TRY();
 	{
-		release_soft(ents, n, true);
+		release_soft(ents, n, NULL);
 	}
 	PG_CATCH();
 	{

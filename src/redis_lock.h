@@ -120,6 +120,8 @@ typedef struct RLCall
 	RLReply    *reply;
 	char	   *error;			/* transport failure text (soft mode) */
 	int			sqlstate;		/* ERRCODE_* of that failure */
+	bool		sent;			/* some bytes reached the socket: on failure
+								 * the outcome is unknown, else it is "not run" */
 } RLCall;
 
 /* rl_run modes */
@@ -133,6 +135,7 @@ extern void rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 						const size_t *argvlen);
 extern void rl_call_arg(RLCall *call, const char *arg, size_t len);
 extern void rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms);
+extern void rl_raise_call_error(RLCall *call) pg_attribute_noreturn();
 extern RLReply *rl_command(RLConn *conn, int argc, const char **argv,
 						   const size_t *argvlen);
 extern void rl_close_all(void);

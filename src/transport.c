@@ -56,6 +56,7 @@ typedef struct RunConn
 	int			handshake;		/* handshake replies still expected */
 	bool		connecting;		/* TCP connect not finished */
 	bool		reused;			/* connection was open before this run */
+	bool		wrote;			/* some bytes were written this run */
 	bool		failed;
 	char	   *errmsg;
 	int			errcode;
@@ -380,7 +381,7 @@ start_connect(RunConn *rc, TimestampTz now)
 	rc->connect_deadline = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
 	rc->handshake = 0;
 
-	if (rl_password != NULL && rl_password[0] != '\0')
+	if ((rl_password != NULL && rl_password[0] != '\0') || conn->ep.user[0] != '\0')
 	{
 		int			argc = 0;
 
@@ -391,8 +392,8 @@ start_connect(RunConn *rc, TimestampTz now)
 			argv[argc] = conn->ep.user;
 			argvlen[argc++] = strlen(conn->ep.user);
 		}
-		argv[argc] = rl_password;
-		argvlen[argc++] = strlen(rl_password);
+		argv[argc] = rl_password ? rl_password : "";
+		argvlen[argc++] = rl_password ? strlen(rl_password) : 0;
 		append_argv(rc, argc, argv, argvlen);
 		rc->handshake++;
 	}
@@ -533,6 +534,20 @@ io_error_text(RLConn *conn)
 	return pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "I/O error");
 }
 
+/* Write what the socket takes now; remembers that something went out */
+static bool
+flush_some(RunConn *rc)
+{
+	size_t		before = sdslen(rc->conn->ctx->obuf);
+	int			done;
+
+	if (redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
+		return false;
+	if (sdslen(rc->conn->ctx->obuf) < before)
+		rc->wrote = true;
+	return true;
+}
+
 /* Socket became writable while connecting: did the connect succeed? */
 static void
 finish_connect(RunConn *rc)
@@ -560,29 +575,35 @@ run_done(RunConn *rc)
 		(!rc->connecting && rc->handshake == 0 && rc->next >= rc->nsinks);
 }
 
-static void
-report_failure(RunConn *rc)
-{
-	int			code = rc->errcode;
+static void raise_error(int code, const char *msg) pg_attribute_noreturn();
 
-	if (code == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION &&
-		strncmp(rc->errmsg, "could not", 9) != 0 &&
-		strncmp(rc->errmsg, "Redis at", 8) != 0)
+/* Raise a transport failure as the ERROR a caller sees */
+static void
+raise_error(int code, const char *msg)
+{
+	if (code == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
 		ereport(ERROR,
 				(errcode(code),
-				 errmsg("could not connect to Redis at %s: %s",
-						rc->conn->label, rc->errmsg),
+				 errmsg("%s", msg),
 				 errhint("Check redis_lock.url and that Redis is running.")));
 	if (code == ERRCODE_INVALID_PASSWORD ||
 		code == ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION)
 		ereport(ERROR,
 				(errcode(code),
-				 errmsg("%s", rc->errmsg),
+				 errmsg("%s", msg),
 				 errhint("Check redis_lock.password and the user in redis_lock.url.")));
 	ereport(ERROR,
 			(errcode(code),
-			 errmsg("%s", rc->errmsg),
+			 errmsg("%s", msg),
 			 errhint("Check redis_lock.url, redis_lock.command_timeout and that Redis is running.")));
+	pg_unreachable();
+}
+
+void
+rl_raise_call_error(RLCall *call)
+{
+	raise_error(call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE,
+				call->error ? call->error : "no reply from Redis");
 }
 
 static char *
@@ -631,15 +652,10 @@ retry_stale(RunConn *rc, TimestampTz now)
 		return false;
 	queue_run(rc, now);
 	rc->reused = false;
-	if (!rc->failed && !rc->connecting)
-	{
-		int			done;
-
-		if (redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
-			run_fail(rc, ERRCODE_CONNECTION_FAILURE,
-					 psprintf("could not send to Redis at %s: %s",
-							  rc->conn->label, io_error_text(rc->conn)));
-	}
+	if (!rc->failed && !rc->connecting && !flush_some(rc))
+		run_fail(rc, ERRCODE_CONNECTION_FAILURE,
+				 psprintf("could not send to Redis at %s: %s",
+						  rc->conn->label, io_error_text(rc->conn)));
 	return true;
 }
 
@@ -696,7 +712,6 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 	{
 		RunConn    *rc = &runs[i];
 		RLConn	   *conn = rc->conn;
-		int			done;
 
 		/* a connection left mid-reply or set up with old settings */
 		if (conn->ctx != NULL &&
@@ -707,8 +722,7 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		if (rc->connecting)
 			any_connect = true;
 		/* first write attempt; usually everything fits the socket buffer */
-		if (!rc->failed && !rc->connecting &&
-			redisBufferWrite(conn->ctx, &done) != REDIS_OK)
+		if (!rc->failed && !rc->connecting && !flush_some(rc))
 		{
 			run_fail(rc, ERRCODE_CONNECTION_FAILURE,
 					 psprintf("could not send to Redis at %s: %s",
@@ -794,7 +808,6 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		for (i = 0; i < nready; i++)
 		{
 			RunConn    *rc = &runs[map[ready_idx[i]]];
-			int			done;
 
 			if (rc->failed)
 				continue;
@@ -804,8 +817,7 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 				if (rc->failed || rc->connecting)
 					continue;
 			}
-			if (sdslen(rc->conn->ctx->obuf) > 0 &&
-				redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
+			if (sdslen(rc->conn->ctx->obuf) > 0 && !flush_some(rc))
 			{
 				run_fail(rc, ERRCODE_CONNECTION_FAILURE,
 						 psprintf("could not send to Redis at %s: %s",
@@ -835,28 +847,28 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 
 	/* settle: finished connections are reusable, failures go to the calls */
 	for (i = 0; i < nruns; i++)
-		if (!runs[i].failed)
-			runs[i].conn->busy = false;
-	for (i = 0; i < nruns; i++)
 	{
 		RunConn    *rc = &runs[i];
 		int			j;
 
 		if (!rc->failed)
-			continue;
-		if (mode == RL_RUN_HARD)
-			report_failure(rc);
+			rc->conn->busy = false;
 		for (j = 0; j < rc->nsinks; j++)
 		{
 			RLCall	   *call = rc->sinks[j];
 
-			if (call->reply == NULL)
+			call->sent = rc->wrote || call->reply != NULL;
+			if (rc->failed && call->reply == NULL)
 			{
 				call->error = soft_message(rc);
 				call->sqlstate = rc->errcode;
 			}
 		}
 	}
+	if (mode == RL_RUN_HARD)
+		for (i = 0; i < nruns; i++)
+			if (runs[i].failed)
+				raise_error(runs[i].errcode, soft_message(&runs[i]));
 	for (i = 0; i < nruns; i++)
 		pfree(runs[i].sinks);
 	pfree(runs);

@@ -1,0 +1,34 @@
+-- Settings: defaults, units, validation, and who may change or read them.
+SELECT name, setting, unit, context FROM pg_settings
+WHERE name LIKE 'redis_lock.%' AND name NOT IN ('redis_lock.url')
+ORDER BY name;
+
+-- URL validation (22023 with a detail)
+SELECT try($$SET redis_lock.url = 'http://example.com'$$);
+SELECT try($$SET redis_lock.url = 'redis://user:secret@127.0.0.1:6379/0'$$);
+SELECT try($$SET redis_lock.url = 'redis://127.0.0.1:99999/0'$$);
+SELECT try($$SET redis_lock.url = 'redis://127.0.0.1:6379/x'$$);
+SELECT try($$SET redis_lock.url = 'rediss://127.0.0.1:6379/0'$$);
+SELECT try($$SET redis_lock.url = 'redis://'$$);
+SELECT try($$SET redis_lock.url = 'redis://[::1]:6379/2'$$);
+SELECT try($$SET redis_lock.nodes = 'redis://a:1, nonsense'$$);
+SELECT try($$SET redis_lock.protocol = 'zookeeper'$$);
+SELECT try($$SELECT set_config('redis_lock.key_prefix', repeat('p', 257), false)$$);
+SELECT try($$SET redis_lock.lease_time = '10ms'$$);
+
+-- non-superusers: may tune waits and leases, may not redirect or read secrets
+CREATE ROLE regress_rl_user;
+SET redis_lock.password = 'top-secret';
+SET ROLE regress_rl_user;
+SELECT try($$SET redis_lock.url = 'redis://evil:6379/0'$$);
+SELECT try($$SET redis_lock.key_prefix = 'other-tenant:'$$);
+SELECT try($$SET redis_lock.password = 'x'$$);
+SELECT try($$SHOW redis_lock.password$$);
+SELECT count(*) AS password_rows FROM pg_settings WHERE name = 'redis_lock.password';
+SELECT try($$SET redis_lock.lease_time = '5s'$$);
+SELECT try($$SET redis_lock.wait_timeout = '1s'$$);
+SELECT try($$SET redis_lock.protocol = 'redisson'$$);
+SELECT try($$SELECT redis_lock_force_release('x')$$);
+RESET ROLE;
+RESET redis_lock.password;
+DROP ROLE regress_rl_user;
