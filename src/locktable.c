@@ -1027,12 +1027,11 @@ end_of_xact(void)
 			loud[n] = true;
 			ents[n++] = e;
 		}
-		else if (RL_HOLDS(e) == 0)
-		{
-			/* an older doubt: settle it quietly in the same round trip */
-			loud[n] = false;
-			ents[n++] = e;
-		}
+		/*
+		 * Older doubts wait for the next redis_lock call: the failure that
+		 * made them is often still going on, and an abort should not wait
+		 * for it twice.
+		 */
 	}
 	release_soft(ents, n, loud);
 	if (ndirty_subs > 0)

@@ -415,5 +415,9 @@ rl_define_settings(void)
 							 0,
 							 NULL, NULL, NULL);
 
+#if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("redis_lock");
+#else
+	EmitWarningsOnPlaceholders("redis_lock");
+#endif
 }

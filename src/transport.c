@@ -19,6 +19,7 @@
 #include "redis_lock.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <sys/socket.h>
 
 #include <hiredis/hiredis.h>
@@ -61,6 +62,8 @@ typedef struct RunConn
 	char	   *errmsg;
 	int			errcode;
 	TimestampTz connect_deadline;
+	TimestampTz deadline;		/* for the replies; starts once connected */
+	int			timeout_ms;
 } RunConn;
 
 /* ----------------------------------------------------------------
@@ -566,6 +569,7 @@ finish_connect(RunConn *rc)
 		return;
 	}
 	rc->connecting = false;
+	rc->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), rc->timeout_ms);
 }
 
 static bool
@@ -629,6 +633,7 @@ queue_run(RunConn *rc, TimestampTz now)
 	rc->connecting = false;
 	rc->failed = false;
 	rc->reused = conn->ctx != NULL;
+	rc->deadline = TimestampTzPlusMilliseconds(now, rc->timeout_ms);
 	if (conn->ctx == NULL)
 		start_connect(rc, now);
 	for (i = 0; i < rc->nsinks; i++)
@@ -677,8 +682,6 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 	int			nruns = 0;
 	int			i;
 	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz deadline;
-	bool		any_connect = false;
 
 	runs = palloc0(sizeof(RunConn) * ncalls);
 	for (i = 0; i < ncalls; i++)
@@ -697,6 +700,7 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		{
 			rc = &runs[nruns++];
 			rc->conn = call->conn;
+			rc->timeout_ms = timeout_ms;
 			rc->sinkcap = 4;
 			rc->sinks = palloc(sizeof(RLCall *) * rc->sinkcap);
 		}
@@ -719,20 +723,15 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 			 conn->ctx->err))
 			rl_conn_close(conn);
 		queue_run(rc, now);
-		if (rc->connecting)
-			any_connect = true;
 		/* first write attempt; usually everything fits the socket buffer */
 		if (!rc->failed && !rc->connecting && !flush_some(rc))
 		{
 			run_fail(rc, ERRCODE_CONNECTION_FAILURE,
 					 psprintf("could not send to Redis at %s: %s",
 							  conn->label, io_error_text(conn)));
-			if (retry_stale(rc, now))
-				any_connect = true;
+			retry_stale(rc, now);
 		}
 	}
-	deadline = TimestampTzPlusMilliseconds(now, timeout_ms +
-										   (any_connect ? rl_connect_timeout_ms : 0));
 
 	for (;;)
 	{
@@ -771,7 +770,7 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 				if (sdslen(rc->conn->ctx->obuf) > 0)
 					ev |= WL_SOCKET_WRITEABLE;
 			}
-			if (now >= deadline)
+			if (!rc->connecting && now >= rc->deadline)
 			{
 				run_fail(rc, ERRCODE_CONNECTION_FAILURE,
 						 psprintf("Redis at %s did not reply within %s",
@@ -788,11 +787,14 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		if (nsock == 0)
 			break;
 
-		wait_ms = (long) ((deadline - now + 999) / 1000);
+		wait_ms = LONG_MAX;
 		for (i = 0; i < nsock; i++)
-			if (runs[map[i]].connecting)
-				wait_ms = Min(wait_ms,
-							  (long) ((runs[map[i]].connect_deadline - now + 999) / 1000));
+		{
+			RunConn    *rc = &runs[map[i]];
+			TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
+
+			wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
+		}
 		if (wait_ms < 1)
 			wait_ms = 1;
 

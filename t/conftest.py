@@ -1,0 +1,97 @@
+"""pytest fixtures: a Redis and a preloaded PostgreSQL per test module."""
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import testbed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def redis_srv():
+    r = testbed.Redis().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def pg(redis_srv):
+    p = testbed.Postgres(conf={"redis_lock.url": redis_srv.url}).init().start()
+    with p.connect() as c:
+        c.cursor().execute("CREATE EXTENSION redis_lock")
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def rc(redis_srv):
+    c = redis_srv.client()
+    c.flushall()
+    return c
+
+
+class Session:
+    """One backend; run() in the foreground, start() in a thread."""
+
+    def __init__(self, pg, **kw):
+        self.conn = pg.connect(**kw)
+        self.pid = testbed.sql_one(self.conn, "SELECT pg_backend_pid()")
+        self.thread = None
+        self.result = None
+        self.error = None
+        self.finished_at = None
+
+    def run(self, q, args=None):
+        with self.conn.cursor() as cur:
+            cur.execute(q, args)
+            if cur.description is None:
+                return None
+            row = cur.fetchone()
+            return row[0] if row is not None and len(row) == 1 else row
+
+    def start(self, q, args=None):
+        def body():
+            try:
+                self.result = self.run(q, args)
+            except Exception as e:  # noqa: BLE001 - tests inspect it
+                self.error = e
+            self.finished_at = time.monotonic()
+        self.result = self.error = self.finished_at = None
+        self.thread = threading.Thread(target=body, daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self, timeout=30):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "statement did not finish in %ss" % timeout
+        return self
+
+    def close(self):
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@pytest.fixture
+def sessions(pg):
+    made = []
+
+    def make(**kw):
+        s = Session(pg, **kw)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def wait_for_wait_event(admin, pid, timeout=10):
+    """Poll until backend pid sits in our Extension wait."""
+    def waiting():
+        return testbed.sql_one(admin, "SELECT wait_event_type = 'Extension' "
+                               "FROM pg_stat_activity WHERE pid = %s", (pid,))
+    testbed.wait_until(waiting, timeout, what="backend %d to wait on Redis" % pid)

@@ -1,0 +1,204 @@
+"""Several backends contending for the same Redis locks."""
+import os
+import threading
+import time
+
+import psycopg2
+import pytest
+
+from conftest import wait_for_wait_event
+import testbed
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
+
+
+def test_waiter_wakes_within_50ms_of_release(sessions, rc):
+    a, b, admin = sessions(), sessions(), sessions()
+    for _ in range(5):
+        assert a.run("SELECT redis_lock_acquire('wake') > 0")
+        b.start("SELECT redis_lock_acquire('wake', wait => '10s')")
+        wait_for_wait_event(admin.conn, b.pid)
+        a.run("SELECT redis_lock_release('wake')")
+        released = time.monotonic()
+        b.join()
+        assert b.error is None
+        latency = b.finished_at - released
+        assert latency < 0.050, "waiter took %.1f ms after release" % (latency * 1000)
+        assert b.run("SELECT redis_lock_release('wake')")
+
+
+def test_wait_shows_extension_wait_event_and_burns_no_cpu(sessions, rc):
+    a, b, idle, admin = sessions(), sessions(), sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('idle') > 0")
+    b.start("SELECT redis_lock_acquire('idle', wait => '10s')")
+    idle.start("SELECT pg_sleep(2.5)")
+    wait_for_wait_event(admin.conn, b.pid)
+    row = admin.run("SELECT wait_event_type, wait_event, state FROM pg_stat_activity "
+                    "WHERE pid = %s", (b.pid,))
+    assert row == ("Extension", "Extension", "active")
+    before, before_idle = cpu_seconds(b.pid), cpu_seconds(idle.pid)
+    time.sleep(2.0)
+    used, used_idle = cpu_seconds(b.pid) - before, cpu_seconds(idle.pid) - before_idle
+    # clock-tick resolution is 10 ms: allow one tick either way
+    assert used <= used_idle + 0.011, "waiting backend used %.3f s CPU in 2 s (idle: %.3f)" % (
+        used, used_idle)
+    a.run("SELECT redis_lock_release('idle')")
+    b.join()
+    idle.join()
+    assert b.error is None
+
+
+@pytest.mark.parametrize("workers,iterations", [(8, 400)])
+def test_mutual_exclusion_read_modify_write(pg, sessions, rc, workers, iterations):
+    setup = sessions()
+    setup.run("DROP TABLE IF EXISTS counter; CREATE TABLE counter(v bigint); "
+              "INSERT INTO counter VALUES (0)")
+
+    def worker(locked, n, errors):
+        s = sessions()
+        try:
+            for _ in range(n):
+                if locked:
+                    s.run("SELECT redis_lock_acquire('counter', wait => '60s')")
+                v = s.run("SELECT v FROM counter")          # read ...
+                s.run("UPDATE counter SET v = %s", (v + 1,))  # ... then write
+                if locked:
+                    assert s.run("SELECT redis_lock_release('counter')")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def run(locked, n):
+        setup.run("UPDATE counter SET v = 0")
+        errors = []
+        ts = [threading.Thread(target=worker, args=(locked, n, errors)) for _ in range(workers)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        assert not errors, errors
+        return setup.run("SELECT v FROM counter")
+
+    # the workload really races without the lock (the test can fail) ...
+    assert run(False, 100) < workers * 100
+    # ... and never with it
+    assert run(True, iterations) == workers * iterations
+    assert rc.exists("counter") == 0
+
+
+def test_cancel_ends_a_30s_wait_within_1s(sessions, rc):
+    a, b, admin = sessions(), sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('cancel-me') > 0")
+    b.start("SELECT redis_lock_acquire('cancel-me', wait => '30s')")
+    wait_for_wait_event(admin.conn, b.pid)
+    t0 = time.monotonic()
+    assert admin.run("SELECT pg_cancel_backend(%s)", (b.pid,))
+    b.join(5)
+    assert isinstance(b.error, psycopg2.errors.QueryCanceled)
+    assert b.finished_at - t0 < 1.0
+    # the session is usable and holds nothing
+    assert b.run("SELECT count(*) FROM redis_lock_held()") == 0
+    a.run("SELECT redis_lock_release('cancel-me')")
+    assert b.run("SELECT redis_lock_acquire('cancel-me', wait => '1s') > 0")
+    b.run("SELECT redis_lock_release('cancel-me')")
+
+
+def test_statement_timeout_ends_a_30s_wait_within_1s(sessions, rc):
+    a, b = sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('st') > 0")
+    b.run("SET statement_timeout = '300ms'")
+    t0 = time.monotonic()
+    with pytest.raises(psycopg2.errors.QueryCanceled) as ei:
+        b.run("SELECT redis_lock_acquire('st', wait => '30s')")
+    assert "statement timeout" in str(ei.value)
+    assert time.monotonic() - t0 < 1.0
+    b.run("RESET statement_timeout")
+    a.run("SELECT redis_lock_release('st')")
+
+
+def test_terminate_ends_a_wait_and_frees_held_locks(pg, sessions, rc):
+    a, b, admin = sessions(), sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('term-wait') > 0")
+    assert b.run("SELECT redis_lock_acquire('term-held') > 0")
+    b.start("SELECT redis_lock_acquire('term-wait', wait => '30s')")
+    wait_for_wait_event(admin.conn, b.pid)
+    assert rc.exists("term-held") == 1
+    t0 = time.monotonic()
+    assert admin.run("SELECT pg_terminate_backend(%s)", (b.pid,))
+    b.join(5)
+    assert isinstance(b.error, psycopg2.OperationalError)
+    # its session lock is released by the exiting backend itself
+    testbed.wait_until(lambda: rc.exists("term-held") == 0, 1.0, what="term-held released")
+    assert time.monotonic() - t0 < 1.0
+    a.run("SELECT redis_lock_release('term-wait')")
+
+
+def test_xact_lock_handed_over_at_commit_and_rollback(sessions, rc):
+    a, b, admin = sessions(), sessions(), sessions()
+    for end in ("COMMIT", "ROLLBACK"):
+        a.run("BEGIN")
+        assert a.run("SELECT redis_lock_acquire('tx-handover', xact => true) > 0")
+        b.start("SELECT redis_lock_acquire('tx-handover', wait => '10s')")
+        wait_for_wait_event(admin.conn, b.pid)
+        assert rc.exists("tx-handover") == 1
+        a.run(end)
+        ended = time.monotonic()
+        b.join()
+        assert b.error is None
+        assert b.finished_at - ended < 0.05
+        assert b.run("SELECT lock_name FROM redis_lock_held()") == "tx-handover"
+        assert b.run("SELECT redis_lock_release('tx-handover')")
+        assert rc.exists("tx-handover") == 0
+
+
+def test_foreign_holder_that_never_publishes(sessions, rc):
+    """redis-py style holder: plain SET NX PX, plain DEL, no PUBLISH."""
+    a, admin = sessions(), sessions()
+    rc.set("foreign", "their-token", px=60000, nx=True)
+    a.start("SELECT redis_lock_acquire('foreign', wait => '10s')")
+    wait_for_wait_event(admin.conn, a.pid)
+    time.sleep(0.3)          # let the poll back off to its cap
+    rc.delete("foreign")
+    deleted = time.monotonic()
+    a.join()
+    assert a.error is None
+    # bounded backoff: at most ~100 ms poll interval plus a round trip
+    assert a.finished_at - deleted < 0.2
+    assert rc.get("foreign").startswith(b"pgrl:")
+    a.run("SELECT redis_lock_release('foreign')")
+
+
+def test_holder_expiry_is_noticed_without_a_message(sessions, rc):
+    """The wait is capped by the holder's remaining TTL."""
+    a = sessions()
+    rc.set("expiring-holder", "pgrl:not-a-live-session", px=700)
+    t0 = time.monotonic()
+    # marked as ours, so the waiter relies on pub/sub plus the TTL cap
+    assert a.run("SELECT redis_lock_acquire('expiring-holder', wait => '5s') > 0")
+    took = time.monotonic() - t0
+    assert 0.6 < took < 0.85, "took %.3f s for a 700 ms holder" % took
+    a.run("SELECT redis_lock_release('expiring-holder')")
+
+
+def test_try_acquire_does_not_wait(sessions, rc):
+    a, b = sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('try') > 0")
+    t0 = time.monotonic()
+    assert b.run("SELECT redis_lock_try_acquire('try')") is False
+    assert time.monotonic() - t0 < 0.05
+    a.run("SELECT redis_lock_release('try')")
+    assert b.run("SELECT redis_lock_try_acquire('try')") is True
+    assert a.run("SELECT redis_lock_try_acquire('try')") is False
+    b.run("SELECT redis_lock_release('try')")
+
+
+def test_fence_increases_across_sessions(sessions, rc):
+    a, b = sessions(), sessions()
+    fences = []
+    for s in (a, b, a, b):
+        fences.append(s.run("SELECT redis_lock_acquire('fenced')"))
+        s.run("SELECT redis_lock_release('fenced')")
+    assert fences == sorted(fences) and len(set(fences)) == 4
