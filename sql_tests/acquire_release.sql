@@ -100,3 +100,11 @@ RESET redis_lock.key_prefix;
 -- the held lock keeps its key even after the prefix changed
 SELECT redis_lock_release('pfx');
 \! echo "app:pfx exists: $(redis-cli -p $RL_REDIS_PORT exists app:pfx)"
+
+-- the database number in the URL is SELECTed on connect
+SELECT regexp_replace(current_setting('redis_lock.url'), '/0$', '/3') AS db3_url \gset
+SET redis_lock.url = :'db3_url';
+SELECT redis_lock_acquire('in-db3') > 0 AS got;
+\! echo "db 3: $(redis-cli -p $RL_REDIS_PORT -n 3 exists in-db3), db 0: $(redis-cli -p $RL_REDIS_PORT -n 0 exists in-db3)"
+SELECT redis_lock_release('in-db3');
+RESET redis_lock.url;

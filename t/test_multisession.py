@@ -202,3 +202,21 @@ def test_fence_increases_across_sessions(sessions, rc):
         fences.append(s.run("SELECT redis_lock_acquire('fenced')"))
         s.run("SELECT redis_lock_release('fenced')")
     assert fences == sorted(fences) and len(set(fences)) == 4
+
+
+def test_force_release_deletes_any_holder_and_wakes_waiters(sessions, rc):
+    holder, waiter, admin = sessions(), sessions(), sessions()
+    rc.set("stuck", "a-crashed-service", px=60000)        # a foreign holder
+    waiter.start("SELECT redis_lock_acquire('stuck', wait => '20s')")
+    wait_for_wait_event(admin.conn, waiter.pid)
+    assert admin.run("SELECT redis_lock_force_release('stuck')") is True
+    forced = time.monotonic()
+    waiter.join()
+    assert waiter.error is None
+    assert waiter.finished_at - forced < 0.05      # woken by the publish, not a poll
+    assert rc.get("stuck").startswith(b"pgrl:")
+    # forcing out a lock a session of ours holds: that session learns it lost it
+    assert admin.run("SELECT redis_lock_force_release('stuck')") is True
+    assert waiter.run("SELECT redis_lock_release('stuck')") is False
+    assert admin.run("SELECT redis_lock_force_release('stuck')") is False
+    assert holder.run("SELECT count(*) FROM redis_lock_held()") == 0
