@@ -1,6 +1,9 @@
 -- Install the extension and a helper that shows an error's SQLSTATE,
 -- message and hint (psql's verbose mode would add unstable source lines).
-CREATE EXTENSION redis_lock;
+-- install the first release and upgrade, as an existing user would
+CREATE EXTENSION redis_lock VERSION '1.0';
+ALTER EXTENSION redis_lock UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'redis_lock';
 
 CREATE FUNCTION try(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -16,6 +19,9 @@ EXCEPTION WHEN OTHERS THEN
            (SELECT reset_val FROM pg_settings WHERE name = 'redis_lock.url')
            FROM ':([0-9]+)/'), '127.0.0.1:<port>');
   msg := regexp_replace(msg, 'script: [0-9a-f]{40}', 'script: <sha1>');
+  -- fencing tokens start at the Redis clock in microseconds
+  msg := regexp_replace(msg, '[0-9]{13,}', '<token>', 'g');
+  det := regexp_replace(det, '[0-9]{13,}', '<token>', 'g');
   RETURN st || ': ' || msg
          || CASE WHEN det <> '' THEN E'\nDETAIL: ' || det ELSE '' END
          || CASE WHEN hint <> '' THEN E'\nHINT: ' || hint ELSE '' END;
@@ -26,6 +32,10 @@ SELECT p.proname, pg_get_function_arguments(p.oid) AS args,
        pg_get_function_result(p.oid) AS result
 FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid
 JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'redis_lock'
+ORDER BY 1;
+SELECT pg_describe_object(classid, objid, objsubid) AS member
+FROM pg_depend WHERE refobjid = (SELECT oid FROM pg_extension WHERE extname = 'redis_lock')
+  AND classid <> 'pg_proc'::regclass
 ORDER BY 1;
 
 SELECT has_function_privilege('public', 'redis_lock_force_release(text)', 'execute') AS public_may_force;

@@ -507,3 +507,110 @@ redis_lock_force_release(PG_FUNCTION_ARGS)
 		rl_forget(name);
 	PG_RETURN_BOOL(deleted);
 }
+
+/* ----------------------------------------------------------------
+ * Cluster-wide view and counters (1.1)
+ * ----------------------------------------------------------------
+ */
+PG_FUNCTION_INFO_V1(redis_lock_all_locks);
+PG_FUNCTION_INFO_V1(redis_lock_stats);
+
+static void
+put_lock_rows(Tuplestorestate *ts, TupleDesc td, RLLockInfo *l)
+{
+	int			scope;
+
+	for (scope = 0; scope < 2; scope++)
+	{
+		int			holds = scope == 0 ? l->session_holds : l->xact_holds;
+		Datum		values[12];
+		bool		nulls[12] = {0};
+
+		if (holds == 0)
+			continue;
+		values[0] = Int32GetDatum(l->pid);
+		values[1] = ObjectIdGetDatum(l->dbid);
+		values[2] = CStringGetTextDatum(l->name);
+		values[3] = CStringGetTextDatum(scope == 0 ? "session" : "transaction");
+		values[4] = Int32GetDatum(holds);
+		values[5] = Int64GetDatum(l->fence);
+		values[6] = TimestampTzGetDatum(l->acquired_at);
+		values[7] = TimestampTzGetDatum(l->last_renewed_at);
+		nulls[7] = l->last_renewed_at == 0;
+		values[8] = IntervalPGetDatum(ms_to_interval(l->lease_ms));
+		values[9] = BoolGetDatum(l->watchdog);
+		values[10] = BoolGetDatum(l->lost);
+		values[11] = CStringGetTextDatum(l->key);
+		tuplestore_putvalues(ts, td, values, nulls);
+	}
+}
+
+/*
+ * Every lock of every backend (shared registry; needs preloading).
+ * Without preloading, only this session's locks.
+ */
+Datum
+redis_lock_all_locks(PG_FUNCTION_ARGS)
+{
+	Tuplestorestate *ts;
+	TupleDesc	td;
+	RLLockInfo *locks;
+	int			n;
+	int			i;
+
+	materialize(fcinfo, &ts, &td);
+	if (!rl_registry_snapshot(&locks, &n))
+	{
+		RLHeld	   *ents;
+
+		rl_safe_point();
+		n = rl_held_snapshot(&ents);
+		locks = palloc(sizeof(RLLockInfo) * Max(n, 1));
+		for (i = 0; i < n; i++)
+		{
+			RLLockInfo *l = &locks[i];
+
+			memset(l, 0, sizeof(*l));
+			l->pid = MyProcPid;
+			l->dbid = MyDatabaseId;
+			l->protocol = ents[i].names.protocol;
+			l->watchdog = ents[i].watchdog;
+			l->lost = ents[i].lost;
+			l->session_holds = ents[i].session_holds;
+			l->xact_holds = ents[i].xact_holds;
+			l->fence = ents[i].fence;
+			l->lease_ms = ents[i].lease_ms;
+			l->acquired_at = ents[i].acquired_at;
+			l->name = ents[i].name;
+			l->key = ents[i].names.key;
+		}
+	}
+	for (i = 0; i < n; i++)
+		put_lock_rows(ts, td, &locks[i]);
+	return (Datum) 0;
+}
+
+Datum
+redis_lock_stats(PG_FUNCTION_ARGS)
+{
+	TupleDesc	td;
+	RLStats		st;
+	Datum		values[10];
+	bool		nulls[10] = {0};
+
+	if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "redis_lock: return type must be a row type");
+	td = BlessTupleDesc(td);
+	rl_stats_read(&st);
+	values[0] = Int64GetDatum((int64) st.acquired);
+	values[1] = Int64GetDatum((int64) st.failed);
+	values[2] = Int64GetDatum((int64) st.timed_out);
+	values[3] = Int64GetDatum((int64) st.waits);
+	values[4] = Float8GetDatum(st.wait_time_us / 1000.0);
+	values[5] = Int64GetDatum((int64) st.renewals);
+	values[6] = Int64GetDatum((int64) st.lost);
+	values[7] = Int64GetDatum((int64) st.reconnects);
+	values[8] = Int64GetDatum((int64) st.released);
+	values[9] = BoolGetDatum(rl_watchdog_enabled());
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(td, values, nulls)));
+}

@@ -275,11 +275,16 @@ report_wrongtype(const char *name, RLLockNames *n, const char *type)
 			 errhint("Check redis_lock.protocol and redis_lock.key_prefix, or use another lock name.")));
 }
 
+/* SQL-callable calls so far; lets a call warn about one lost lock once */
+static uint64 call_seq = 0;
+
 /* Every call that finds a lock lost says so (API: false plus a WARNING) */
 static void
 warn_lost(RLHeld *e)
 {
-	e->lost_reported = true;
+	if (e->lost_reported_at == call_seq)
+		return;
+	e->lost_reported_at = call_seq;
 	ereport(WARNING,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 			 errmsg("Redis lock \"%s\" was lost", e->name),
@@ -293,8 +298,7 @@ mark_lost(RLHeld *e)
 	if (!e->lost)
 		rl_stats_add(RL_STAT_LOST, 1);
 	e->lost = true;
-	if (e->registry_slot >= 0)
-		rl_registry_update(e);
+	rl_registry_update(e, false);
 }
 
 /* ----------------------------------------------------------------
@@ -458,15 +462,25 @@ clean_dirty_subs(void)
 	ndirty_subs = 0;
 }
 
-/* Report lost locks the watchdog found since the last call */
+/*
+ * Report lost locks the watchdog found since the last call.  Scanning the
+ * table only when the shared lost-event counter moved keeps this O(1) per
+ * call however many locks the session holds.
+ */
 static void
 report_lost(void)
 {
+	static uint32 seen_events = 0;
+	uint32		events;
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 
 	if (!rl_watchdog_enabled() || held == NULL)
 		return;
+	events = rl_registry_lost_events();
+	if (events == seen_events)
+		return;
+	seen_events = events;
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
@@ -483,6 +497,7 @@ report_lost(void)
 void
 rl_safe_point(void)
 {
+	call_seq++;
 	ensure_table();
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
@@ -541,11 +556,10 @@ grant(RLHeld *e, RLAcquireResult *res, int64 lease_ms, bool watchdog,
 	e->lease_ms = lease_ms;
 	e->watchdog = watchdog;
 	e->lost = false;
-	e->lost_reported = false;
+	e->lost_reported_at = 0;
 	e->acquired_at = GetCurrentTimestamp();
 	add_hold(e, scope);
-	if (e->registry_slot >= 0)
-		rl_registry_update(e);
+	rl_registry_update(e, true);
 	rl_stats_add(RL_STAT_ACQUIRED, 1);
 }
 
@@ -657,8 +671,7 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 			if (!e->watchdog)
 				e->lease_ms = refresh;
 			add_hold(e, scope);
-			if (e->registry_slot >= 0)
-				rl_registry_update(e);
+			rl_registry_update(e, true);
 			*obtained = true;
 			return e->fence;
 		}
@@ -760,6 +773,7 @@ rl_release(const char *name)
 	e->session_holds--;
 	if (RL_HOLDS(e) > 0)
 	{
+		rl_registry_update(e, false);
 		if (e->lost)
 		{
 			warn_lost(e);
@@ -834,7 +848,10 @@ rl_release_all_session(void)
 		count++;
 		e->session_holds = 0;
 		if (e->xact_holds > 0)
+		{
+			rl_registry_update(e, false);
 			continue;
+		}
 		became_doubt(e);
 		if (e->lost)
 		{
@@ -898,8 +915,7 @@ rl_extend(const char *name, int64 ttl_ms)
 	/* an explicit ttl is a fixed lease; NULL hands it (back) to the watchdog */
 	e->lease_ms = lease_ms;
 	e->watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
-	if (e->registry_slot >= 0)
-		rl_registry_update(e);
+	rl_registry_update(e, true);
 	return true;
 }
 
@@ -979,7 +995,7 @@ verify_xact_locks(void)
 		if (f == 0 || e->lost)
 		{
 			mark_lost(e);
-			e->lost_reported = true;
+			e->lost_reported_at = call_seq;
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 					 errmsg("Redis lock \"%s\" was lost before COMMIT", e->name),
@@ -1015,7 +1031,10 @@ end_of_xact(void)
 		{
 			e->xact_holds = 0;
 			if (e->session_holds > 0)
+			{
+				rl_registry_update(e, false);
 				continue;
+			}
 			became_doubt(e);
 			if (e->lost)
 			{
@@ -1102,5 +1121,15 @@ exit_callback(int code, Datum arg)
 		FlushErrorState();
 	}
 	PG_END_TRY();
+
+	/* what could not be released goes to the watchdog worker */
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (e->lost)
+			rl_registry_remove(e);
+		else
+			rl_registry_orphan(e);
+	}
 	rl_close_all();
 }

@@ -174,12 +174,14 @@ typedef struct RLTarget
 	int			nendpoints;
 	RLEndpoint *endpoints;		/* single/redlock: the masters; sentinel:
 								 * the sentinels; cluster: the seeds */
+	char	   *master_name;	/* sentinel: monitored master's name */
 	RLEndpoint	master;			/* sentinel: last discovered master */
 	bool		master_known;
 	struct RLTarget *next;
 } RLTarget;
 
 extern RLTarget *rl_current_target(void);
+extern RLTarget *rl_target_from_spec(const char *spec);
 extern int	rl_target_quorum(RLTarget *t);
 extern uint16 rl_key_slot(const char *key, size_t len);
 
@@ -250,6 +252,9 @@ extern void rl_scripts_init(void);
 extern void rl_names_build(RLLockNames *names, RLProtocol protocol,
 						   const char *prefix, const char *lock_name,
 						   MemoryContext cxt);
+extern void rl_names_from_key(RLLockNames *names, RLProtocol protocol,
+							  const char *prefix, const char *key,
+							  MemoryContext cxt);
 extern void rl_new_owner(RLProtocol protocol, char *owner);
 extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
 						   int nkeys, const char **keys, int nargs,
@@ -290,7 +295,7 @@ typedef struct RLHeld
 	int64		lease_ms;
 	bool		watchdog;		/* renewed by the background worker */
 	bool		lost;			/* Redis no longer has our token */
-	bool		lost_reported;
+	uint64		lost_reported_at;	/* call that last warned about it */
 	TimestampTz acquired_at;
 	TimestampTz expires_at;		/* doubt: nothing can exist after this */
 	int			registry_slot;	/* watchdog registry slot, -1 if none */
@@ -328,12 +333,33 @@ typedef struct RLStats
  * watchdog.c
  * ----------------------------------------------------------------
  */
+/* One row of the redis_lock_locks view */
+typedef struct RLLockInfo
+{
+	int			pid;
+	Oid			dbid;
+	RLProtocol	protocol;
+	bool		watchdog;
+	bool		lost;
+	int			session_holds;
+	int			xact_holds;
+	int64		fence;
+	int64		lease_ms;
+	TimestampTz acquired_at;
+	TimestampTz last_renewed_at;
+	char	   *name;
+	char	   *key;
+} RLLockInfo;
+
 extern bool rl_watchdog_enabled(void);
 extern void rl_watchdog_init(void);
 extern int	rl_registry_add(RLHeld *e);
-extern void rl_registry_update(RLHeld *e);
+extern void rl_registry_update(RLHeld *e, bool refreshed);
 extern void rl_registry_remove(RLHeld *e);
+extern void rl_registry_orphan(RLHeld *e);
 extern bool rl_registry_lost(RLHeld *e);
+extern uint32 rl_registry_lost_events(void);
+extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
 extern void rl_stats_add(int field, uint64 n);
 extern void rl_stats_read(RLStats *out);
 

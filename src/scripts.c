@@ -293,18 +293,19 @@ redisson_prefix_name(const char *prefix, const char *key)
 }
 
 /*
- * Fill names for lock_name under the given protocol and key prefix.  The
+ * Fill names for a Redis key (prefix already applied) under the given
+ * protocol; prefix is needed again for the fence counter's name.  The
  * strings are allocated in cxt; owner is left empty (see rl_new_owner).
  */
 void
-rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
-			   const char *lock_name, MemoryContext cxt)
+rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
+				  const char *key, MemoryContext cxt)
 {
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 
 	names->protocol = protocol;
-	names->key = psprintf("%s%s", prefix ? prefix : "", lock_name);
-	names->keylen = strlen(names->key);
+	names->key = pstrdup(key);
+	names->keylen = strlen(key);
 	names->owner[0] = '\0';
 
 	if (protocol == RL_PROTOCOL_REDISSON)
@@ -328,6 +329,17 @@ rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 		Assert(rl_key_slot(names->fence_key, strlen(names->fence_key)) == slot);
 	}
 	MemoryContextSwitchTo(old);
+}
+
+/* Names for lock_name under the current protocol and key prefix */
+void
+rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
+			   const char *lock_name, MemoryContext cxt)
+{
+	char	   *key = psprintf("%s%s", prefix ? prefix : "", lock_name);
+
+	rl_names_from_key(names, protocol, prefix, key, cxt);
+	pfree(key);
 }
 
 /*
@@ -443,14 +455,17 @@ script_of(RLCall *call)
 
 /*
  * Run script calls on their nodes.  A NOSCRIPT reply (Redis restarted or
- * SCRIPT FLUSH) means the script did not run: those calls are sent again
- * as EVAL, which also caches the script for the next EVALSHA.
+ * SCRIPT FLUSH) means the script did not run: those calls are sent again as
+ * EVAL, and in the same round trip every other script is loaded on that
+ * connection, so the next first use of another script costs nothing extra.
  */
 void
 rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
 {
 	int		   *idx = NULL;
 	int			nretry = 0;
+	RLConn	  **reload = NULL;
+	int			nreload = 0;
 	int			i;
 
 	rl_target_run(t, calls, ncalls, mode);
@@ -458,6 +473,7 @@ rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
 	{
 		RLCall	   *c = &calls[i];
 		RLScript   *s;
+		int			j;
 
 		if (!rl_reply_is_error(c->reply, "NOSCRIPT") || (s = script_of(c)) == NULL)
 			continue;
@@ -466,24 +482,42 @@ rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
 		c->argv[1] = s->body;
 		c->argvlen[1] = strlen(s->body);
 		if (idx == NULL)
+		{
 			idx = palloc(sizeof(int) * ncalls);
+			reload = palloc(sizeof(RLConn *) * ncalls);
+		}
 		idx[nretry++] = i;
+		for (j = 0; j < nreload && reload[j] != c->conn; j++)
+			;
+		if (j == nreload)
+			reload[nreload++] = c->conn;
 	}
-	if (nretry == ncalls)
-		rl_target_run(t, calls, ncalls, mode);
-	else if (nretry > 0)
+	if (nretry > 0)
 	{
-		RLCall	   *again = palloc(sizeof(RLCall) * nretry);
+		int			nagain = nretry + nreload * RL_SCRIPT_COUNT;
+		RLCall	   *again = palloc0(sizeof(RLCall) * nagain);
+		int			k = 0;
 
 		for (i = 0; i < nretry; i++)
-			again[i] = calls[idx[i]];
-		rl_target_run(t, again, nretry, mode);
+			again[k++] = calls[idx[i]];
+		for (i = 0; i < nreload; i++)
+		{
+			int			sid;
+
+			for (sid = 0; sid < RL_SCRIPT_COUNT; sid++)
+			{
+				const char *argv[3] = {"SCRIPT", "LOAD", scripts[sid].body};
+
+				rl_call_set(&again[k++], reload[i], 3, argv, NULL);
+			}
+		}
+		rl_target_run(t, again, nagain, mode);
 		for (i = 0; i < nretry; i++)
 			calls[idx[i]] = again[i];
 		pfree(again);
-	}
-	if (idx != NULL)
 		pfree(idx);
+		pfree(reload);
+	}
 }
 
 void

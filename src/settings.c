@@ -343,14 +343,16 @@ rl_define_settings(void)
 							 0,
 							 NULL, NULL, NULL);
 
-	DefineCustomIntVariable("redis_lock.max_locks",
-							"Capacity of the watchdog's shared registry of held locks (all backends).",
-							NULL,
-							&rl_max_locks,
-							1024, 16, 1000000,
-							PGC_POSTMASTER,
-							0,
-							NULL, NULL, NULL);
+	/* a postmaster setting can only exist when we are preloaded */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("redis_lock.max_locks",
+								"Capacity of the watchdog's shared registry of held locks (all backends).",
+								NULL,
+								&rl_max_locks,
+								1024, 16, 1000000,
+								PGC_POSTMASTER,
+								0,
+								NULL, NULL, NULL);
 
 	DefineCustomStringVariable("redis_lock.nodes",
 							   "Comma-separated redis:// URLs of independent masters; when set, locks use Redlock.",

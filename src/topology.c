@@ -100,6 +100,56 @@ parse_list(const char *list, RLEndpoint **out)
 }
 
 /*
+ * The target a spec text describes ("single|url", "redlock|urls",
+ * "sentinel|master|urls", "cluster|url"); built once, cached for good.
+ */
+RLTarget *
+rl_target_from_spec(const char *spec)
+{
+	RLTarget   *t;
+	const char *rest = strchr(spec, '|');
+
+	for (t = targets; t != NULL; t = t->next)
+		if (strcmp(t->spec, spec) == 0)
+			return t;
+	if (rest == NULL)
+		elog(ERROR, "redis_lock: malformed target \"%s\"", spec);
+	rest++;
+
+	t = MemoryContextAllocZero(TopMemoryContext, sizeof(RLTarget));
+	t->spec = MemoryContextStrdup(TopMemoryContext, spec);
+	if (strncmp(spec, "redlock|", 8) == 0)
+	{
+		t->kind = RL_TOPO_REDLOCK;
+		t->nendpoints = parse_list(rest, &t->endpoints);
+	}
+	else if (strncmp(spec, "sentinel|", 9) == 0)
+	{
+		const char *list = strchr(rest, '|');
+
+		if (list == NULL)
+			elog(ERROR, "redis_lock: malformed target \"%s\"", spec);
+		t->kind = RL_TOPO_SENTINEL;
+		t->master_name = MemoryContextStrdup(TopMemoryContext,
+											 pnstrdup(rest, list - rest));
+		t->nendpoints = parse_list(list + 1, &t->endpoints);
+	}
+	else if (strncmp(spec, "cluster|", 8) == 0)
+	{
+		t->kind = RL_TOPO_CLUSTER;
+		t->nendpoints = parse_list(rest, &t->endpoints);
+	}
+	else
+	{
+		t->kind = RL_TOPO_SINGLE;
+		t->nendpoints = parse_list(rest, &t->endpoints);
+	}
+	t->next = targets;
+	targets = t;
+	return t;
+}
+
+/*
  * The target the current settings describe.  Precedence: redis_lock.nodes
  * (Redlock), then redis_lock.sentinels, then redis_lock.url (as a cluster
  * seed when redis_lock.cluster is on).
@@ -108,60 +158,23 @@ RLTarget *
 rl_current_target(void)
 {
 	char	   *spec;
-	RLTarget   *t;
-	RLTopologyKind kind;
 
 	if (current != NULL && current_generation == rl_settings_generation)
 		return current;
 
 	if (rl_nodes != NULL && rl_nodes[0] != '\0')
-	{
-		kind = RL_TOPO_REDLOCK;
 		spec = psprintf("redlock|%s", rl_nodes);
-	}
 	else if (rl_sentinels != NULL && rl_sentinels[0] != '\0')
-	{
-		kind = RL_TOPO_SENTINEL;
 		spec = psprintf("sentinel|%s|%s", rl_sentinel_master, rl_sentinels);
-	}
 	else if (rl_cluster)
-	{
-		kind = RL_TOPO_CLUSTER;
 		spec = psprintf("cluster|%s", rl_url);
-	}
 	else
-	{
-		kind = RL_TOPO_SINGLE;
 		spec = psprintf("single|%s", rl_url);
-	}
 
-	for (t = targets; t != NULL; t = t->next)
-		if (strcmp(t->spec, spec) == 0)
-			break;
-	if (t == NULL)
-	{
-		t = MemoryContextAllocZero(TopMemoryContext, sizeof(RLTarget));
-		t->spec = MemoryContextStrdup(TopMemoryContext, spec);
-		t->kind = kind;
-		switch (kind)
-		{
-			case RL_TOPO_REDLOCK:
-				t->nendpoints = parse_list(rl_nodes, &t->endpoints);
-				break;
-			case RL_TOPO_SENTINEL:
-				t->nendpoints = parse_list(rl_sentinels, &t->endpoints);
-				break;
-			default:
-				t->nendpoints = parse_list(rl_url, &t->endpoints);
-				break;
-		}
-		t->next = targets;
-		targets = t;
-	}
+	current = rl_target_from_spec(spec);
 	pfree(spec);
-	current = t;
 	current_generation = rl_settings_generation;
-	return t;
+	return current;
 }
 
 int

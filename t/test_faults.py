@@ -39,15 +39,14 @@ def test_acquire_with_unknown_outcome_is_not_believed_and_is_cleaned_up(own_redi
             s.run("SELECT redis_lock_acquire('frozen', ttl => '60s')")
         assert ei.value.pgcode == "08006"
         assert "did not reply within 300ms" in str(ei.value)
-        assert time.monotonic() - t0 < 1.5
-        assert s.run("SELECT count(*) FROM redis_lock_held() WHERE lock_name = 'frozen'") == 0
+        assert time.monotonic() - t0 < 1.0
     finally:
         own_redis.resume()
     # once thawed, Redis executes the queued acquire: the key is ours...
     testbed.wait_until(lambda: rc.exists("frozen") == 1, 5, what="queued acquire to run")
     assert rc.get("frozen").startswith(b"pgrl:")
-    # ... and the next redis_lock call settles the doubt
-    assert s.run("SELECT count(*) FROM redis_lock_held()") == 1   # 'warmup' only
+    # ... but the session never counted it, and its next call settles the doubt
+    assert s.run("SELECT array_agg(lock_name) FROM redis_lock_held()") == ["warmup"]
     assert rc.exists("frozen") == 0
     s.close()
 

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psycopg2
@@ -198,6 +199,72 @@ class Postgres:
     def cleanup(self):
         self.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+class DelayProxy:
+    """TCP proxy on 127.0.0.1 adding a fixed delay to every chunk, each way.
+
+    Used to make round trips expensive, so a test can tell one pipelined
+    round trip from many sequential ones by elapsed time alone."""
+
+    def __init__(self, target_port, delay_s):
+        import asyncio
+        self.asyncio = asyncio
+        self.target_port = target_port
+        self.delay = delay_s
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    async def _pipe(self, reader, writer):
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                await self.asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, creader, cwriter):
+        try:
+            sreader, swriter = await self.asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            cwriter.close()
+            return
+        await self.asyncio.gather(self._pipe(creader, swriter), self._pipe(sreader, cwriter))
+
+    def _run(self):
+        self.asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(
+            self.asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self.ready.set()
+        self.loop.run_forever()
+        server.close()
+        # let the pipes of open connections finish before the loop goes away
+        pending = self.asyncio.all_tasks(self.loop)
+        for t in pending:
+            t.cancel()
+        self.loop.run_until_complete(self.asyncio.gather(*pending, return_exceptions=True))
+        self.loop.close()
+
+    def start(self):
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    @property
+    def url(self):
+        return "redis://127.0.0.1:%d/0" % self.port
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
 def sql_one(conn, query, args=None):
