@@ -171,6 +171,9 @@ redis_lock_acquire(PG_FUNCTION_ARGS)
 
 	if (!obtained)
 		raise_not_obtained(text_to_cstring(PG_GETARG_TEXT_PP(0)), wait);
+	/* Redlock: tokens from independent masters are not ordered, so none */
+	if (fence == 0)
+		PG_RETURN_NULL();
 	PG_RETURN_INT64(fence);
 }
 
@@ -217,7 +220,7 @@ redis_lock_fence(PG_FUNCTION_ARGS)
 
 	rl_safe_point();
 	e = rl_lookup(name);
-	if (e == NULL)
+	if (e == NULL || e->fence == 0)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(e->fence);
 }
@@ -366,9 +369,26 @@ redis_lock_held(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/* Names and target of a lock: the held entry's, else from the settings */
+static RLTarget *
+lock_names_for(const char *name, RLHeld **e, RLLockNames *names)
+{
+	*e = rl_lookup(name);
+	if (*e != NULL)
+	{
+		*names = (*e)->names;
+		return (*e)->target;
+	}
+	memset(names, 0, sizeof(*names));
+	rl_names_build(names, (RLProtocol) rl_protocol, rl_key_prefix, name,
+				   CurrentMemoryContext);
+	return rl_current_target();
+}
+
 /*
  * redis_lock_status(lock_name): what Redis says now.  OUT locked,
- * held_by_me, ttl, owner, redis_key, redis_type.
+ * held_by_me, ttl, owner, redis_key, redis_type.  Under Redlock, locked and
+ * held_by_me need a majority of the masters, ttl is the smallest one seen.
  */
 Datum
 redis_lock_status(PG_FUNCTION_ARGS)
@@ -376,74 +396,90 @@ redis_lock_status(PG_FUNCTION_ARGS)
 	char	   *name = arg_lock_name(fcinfo, 0);
 	RLHeld	   *e;
 	RLLockNames names;
-	RLTarget   *target;
-	RLConn	   *conns[64];
-	RLCall		call;
-	RLReply    *r;
+	RLLockOp	op;
 	TupleDesc	td;
 	Datum		values[6];
 	bool		nulls[6] = {0};
 	const char *type = "none";
-	bool		mine = false;
+	int			locked = 0;
+	int			mine = 0;
+	int64		ttl = -1;
+	char	   *owner = NULL;
+	int			quorum;
+	int			i;
 
 	if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "redis_lock: return type must be a row type");
 	td = BlessTupleDesc(td);
 
 	rl_safe_point();
-	e = rl_lookup(name);
-	if (e != NULL)
+	memset(&op, 0, sizeof(op));
+	op.kind = RL_OP_INSPECT;
+	op.target = lock_names_for(name, &e, &names);
+	op.names = &names;
+	rl_lock_ops_run(&op, 1, false);
+	quorum = rl_target_quorum(op.target);
+	if (!RL_OP_YES(&op))
 	{
-		names = e->names;
-		target = e->target;
-	}
-	else
-	{
-		memset(&names, 0, sizeof(names));
-		rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
-					   CurrentMemoryContext);
-		target = rl_current_target();
-	}
-	rl_target_nodes(target, names.key, names.keylen, conns, false);
-	memset(&call, 0, sizeof(call));
-	rl_call_inspect(&call, conns[0], &names);
-	rl_script_run(target, &call, 1, RL_RUN_HARD);
-	r = call.reply;
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+		if (op.failure->error != NULL)
+			rl_raise_call_error(op.failure);
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("could not inspect Redis lock \"%s\": %s", name,
-						r && r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply")));
-	type = r->element[0]->str ? r->element[0]->str : "none";
-
-	values[0] = BoolGetDatum(strcmp(type, "none") != 0);
-	nulls[3] = true;
-	if (r->elements > 2)
-	{
-		RLReply    *v = r->element[2];
-
-		if (v->type == REDIS_REPLY_STRING)
-		{
-			values[3] = CStringGetTextDatum(v->str);
-			nulls[3] = false;
-			mine = e != NULL && strcmp(v->str, e->names.owner) == 0;
-		}
-		else if (v->type == REDIS_REPLY_ARRAY && v->elements > 0)
-		{
-			size_t		i;
-
-			values[3] = CStringGetTextDatum(v->element[0]->str);
-			nulls[3] = false;
-			for (i = 0; i < v->elements; i++)
-				if (e != NULL && strcmp(v->element[i]->str, e->names.owner) == 0)
-					mine = true;
-		}
+						op.failure->reply && op.failure->reply->str ?
+						op.failure->reply->str : "unexpected reply")));
 	}
-	values[1] = BoolGetDatum(mine);
-	if (r->element[1]->integer > 0)
-		values[2] = IntervalPGetDatum(ms_to_interval(r->element[1]->integer));
+	for (i = 0; i < op.nodes; i++)
+	{
+		RLReply    *r = op.calls[i].reply;
+		const char *t;
+		bool		this_mine = false;
+
+		if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+			continue;
+		t = r->element[0]->str ? r->element[0]->str : "none";
+		if (strcmp(t, "none") == 0)
+			continue;
+		locked++;
+		if (strcmp(type, "none") == 0)
+			type = t;
+		if (r->element[1]->integer > 0 && (ttl < 0 || r->element[1]->integer < ttl))
+			ttl = r->element[1]->integer;
+		if (r->elements > 2)
+		{
+			RLReply    *v = r->element[2];
+
+			if (v->type == REDIS_REPLY_STRING)
+			{
+				if (owner == NULL)
+					owner = v->str;
+				this_mine = e != NULL && strcmp(v->str, e->names.owner) == 0;
+			}
+			else if (v->type == REDIS_REPLY_ARRAY && v->elements > 0)
+			{
+				size_t		k;
+
+				if (owner == NULL)
+					owner = v->element[0]->str;
+				for (k = 0; k < v->elements; k++)
+					if (e != NULL && strcmp(v->element[k]->str, e->names.owner) == 0)
+						this_mine = true;
+			}
+		}
+		if (this_mine)
+			mine++;
+	}
+
+	values[0] = BoolGetDatum(locked >= quorum);
+	values[1] = BoolGetDatum(mine >= quorum);
+	if (ttl > 0)
+		values[2] = IntervalPGetDatum(ms_to_interval(ttl));
 	else
 		nulls[2] = true;
+	if (owner != NULL)
+		values[3] = CStringGetTextDatum(owner);
+	else
+		nulls[3] = true;
 	values[4] = CStringGetTextDatum(names.key);
 	values[5] = CStringGetTextDatum(type);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(td, values, nulls)));
@@ -459,53 +495,33 @@ redis_lock_force_release(PG_FUNCTION_ARGS)
 	char	   *name = arg_lock_name(fcinfo, 0);
 	RLHeld	   *e;
 	RLLockNames names;
-	RLTarget   *target;
-	RLConn	   *conns[64];
-	RLCall		calls[64];
-	int			k;
-	int			i;
-	bool		deleted = false;
+	RLLockOp	op;
 
 	rl_safe_point();
-	e = rl_lookup(name);
-	if (e != NULL)
+	memset(&op, 0, sizeof(op));
+	op.kind = RL_OP_FORCE;
+	op.target = lock_names_for(name, &e, &names);
+	op.names = &names;
+	rl_lock_ops_run(&op, 1, false);
+	if (op.wrongtype != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
+						names.key, op.wrongtype, rl_protocol_name(names.protocol)),
+				 errhint("Nothing was deleted.  Check redis_lock.protocol.")));
+	if (op.failed > 0 && op.yes == 0)
 	{
-		names = e->names;
-		target = e->target;
-	}
-	else
-	{
-		memset(&names, 0, sizeof(names));
-		rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
-					   CurrentMemoryContext);
-		target = rl_current_target();
-	}
-	k = rl_target_nodes(target, names.key, names.keylen, conns, false);
-	memset(calls, 0, sizeof(RLCall) * k);
-	for (i = 0; i < k; i++)
-		rl_call_force(&calls[i], conns[i], &names);
-	rl_script_run(target, calls, k, RL_RUN_HARD);
-	for (i = 0; i < k; i++)
-	{
-		char	   *err;
-		int			f = rl_parse_flag(&calls[i], &err);
-
-		if (f < 0 && strncmp(err, "wrongtype:", 10) == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-					 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
-							names.key, err + 10, rl_protocol_name(names.protocol)),
-					 errhint("Nothing was deleted.  Check redis_lock.protocol.")));
-		if (f < 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
-					 errmsg("could not force-release Redis lock \"%s\": %s", name, err)));
-		if (f == 1)
-			deleted = true;
+		if (op.failure->error != NULL)
+			rl_raise_call_error(op.failure);
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("could not force-release Redis lock \"%s\": %s", name,
+						op.failure->reply && op.failure->reply->str ?
+						op.failure->reply->str : "unexpected reply")));
 	}
 	if (e != NULL)
 		rl_forget(name);
-	PG_RETURN_BOOL(deleted);
+	PG_RETURN_BOOL(op.yes > 0);
 }
 
 /* ----------------------------------------------------------------

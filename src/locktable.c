@@ -28,6 +28,9 @@
 #include "storage/ipc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+#if PG_VERSION_NUM >= 150000
+#include "common/pg_prng.h"
+#endif
 
 static HTAB *held = NULL;
 static int	ndoubts = 0;		/* entries with zero holds */
@@ -302,63 +305,58 @@ mark_lost(RLHeld *e)
 }
 
 /* ----------------------------------------------------------------
- * Batched release: one pipelined round trip per node, whatever the count
+ * Operations on the entry's node(s)
  * ----------------------------------------------------------------
  */
+static void
+op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
+{
+	memset(op, 0, sizeof(*op));
+	op->kind = kind;
+	op->target = e->target;
+	op->names = &e->names;
+	op->lease_ms = lease_ms;
+	/* tokens from independent masters would not be ordered: no fencing */
+	op->fence = e->target->kind != RL_TOPO_REDLOCK;
+}
+
+/* Raise for an op whose outcome no majority decided */
+static void
+raise_undecided(const char *verb, const char *name, RLLockOp *op)
+{
+	if (op->nodes > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("could not %s Redis lock \"%s\": no majority of the %d Redis masters answered",
+						verb, name, op->nodes),
+				 errdetail("%d answered yes, %d no, %d failed; first failure: %s",
+						   op->yes, op->no, op->failed, call_message(op->failure)),
+				 errhint("Check redis_lock.nodes and redis_lock.node_timeout.")));
+	if (op->failure->error != NULL)
+		rl_raise_call_error(op->failure);
+	report_call(ERROR, verb, name, op->failure);
+}
+
 #define RELEASE_UNKNOWN (-1)
 
 /*
- * Send the release script for every entry.  results[i]: 1 released, 0 not
- * ours (lost or absent), RELEASE_UNKNOWN on failure; errors[i] tells why.
+ * Release every entry in one round (one pipelined round trip per node,
+ * however many locks).  results[i]: 1 released, 0 not ours (lost or
+ * absent), RELEASE_UNKNOWN when no majority answered.
  */
-static void
-release_batch(RLHeld **ents, int n, int mode, int *results, RLCall **failed)
+static RLLockOp *
+release_entries(RLHeld **ents, int n, bool soft, int *results)
 {
-	RLCall	   *calls;
-	int		   *owner;
-	int			ncalls = 0;
-	int			cap = 0;
+	RLLockOp   *ops = palloc(sizeof(RLLockOp) * Max(n, 1));
 	int			i;
 
 	for (i = 0; i < n; i++)
-		cap += rl_target_max_nodes(ents[i]->target);
-	calls = palloc0(sizeof(RLCall) * Max(cap, 1));
-	owner = palloc(sizeof(int) * Max(cap, 1));
+		op_init(&ops[i], RL_OP_RELEASE, ents[i], ents[i]->lease_ms);
+	if (n > 0)
+		rl_lock_ops_run(ops, n, soft);
 	for (i = 0; i < n; i++)
-	{
-		RLConn	   *conns[64];
-		int			k = rl_target_nodes(ents[i]->target, ents[i]->names.key,
-										ents[i]->names.keylen, conns, false);
-		int			j;
-
-		for (j = 0; j < k; j++)
-		{
-			rl_call_release(&calls[ncalls], conns[j], &ents[i]->names);
-			owner[ncalls++] = i;
-		}
-		results[i] = 0;
-		failed[i] = NULL;
-	}
-	if (ncalls > 0)
-		rl_script_run(ents[0]->target, calls, ncalls, mode);
-	for (i = 0; i < ncalls; i++)
-	{
-		char	   *err;
-		int			f = rl_parse_flag(&calls[i], &err);
-		int			o = owner[i];
-
-		if (f == 1)
-		{
-			if (results[o] != RELEASE_UNKNOWN)
-				results[o] = 1;
-		}
-		else if (f < 0 && failed[o] == NULL)
-		{
-			results[o] = RELEASE_UNKNOWN;
-			failed[o] = palloc(sizeof(RLCall));
-			*failed[o] = calls[i];
-		}
-	}
+		results[i] = RL_OP_YES(&ops[i]) ? 1 : RL_OP_NO(&ops[i]) ? 0 : RELEASE_UNKNOWN;
+	return ops;
 }
 
 /*
@@ -372,15 +370,14 @@ static void
 release_soft(RLHeld **ents, int n, const bool *loud)
 {
 	int		   *results;
-	RLCall	  **failed;
+	RLLockOp   *ops;
 	int			i;
 
 	if (n == 0)
 		return;
 	results = palloc(sizeof(int) * n);
-	failed = palloc(sizeof(RLCall *) * n);
 	HOLD_INTERRUPTS();
-	release_batch(ents, n, RL_RUN_SOFT, results, failed);
+	ops = release_entries(ents, n, true, results);
 	RESUME_INTERRUPTS();
 	for (i = 0; i < n; i++)
 	{
@@ -390,7 +387,7 @@ release_soft(RLHeld **ents, int n, const bool *loud)
 		if (results[i] == RELEASE_UNKNOWN)
 		{
 			if (l)
-				report_call(WARNING, "release", e->name, failed[i]);
+				report_call(WARNING, "release", e->name, ops[i].failure);
 			continue;
 		}
 		if (results[i] == 0 && l && !e->lost)
@@ -510,49 +507,52 @@ rl_safe_point(void)
  * Acquire
  * ----------------------------------------------------------------
  */
+typedef enum AcqOutcome
+{
+	ACQ_GOT,
+	ACQ_BUSY,					/* held elsewhere (or too slow, Redlock) */
+	ACQ_WRONGTYPE,
+	ACQ_UNDECIDED				/* no majority answered */
+} AcqOutcome;
+
+/* One acquire round on the entry's node(s) */
+static AcqOutcome
+attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
+{
+	op_init(op, RL_OP_ACQUIRE, e, lease_ms);
+	e->expires_at = doubt_horizon(lease_ms);
+	rl_lock_ops_run(op, 1, false);
+	if (op->wrongtype != NULL)
+		return ACQ_WRONGTYPE;
+	if (rl_op_granted(op))
+		return ACQ_GOT;
+	if (RL_OP_YES(op) || RL_OP_NO(op))
+		return ACQ_BUSY;
+	return ACQ_UNDECIDED;
+}
 
 /*
- * One acquire attempt on the entry's node(s).  A failure before anything
- * was sent means the script did not run: the entry is dropped and the
- * error raised.  A failure after sending leaves the entry as a doubt.
+ * After an attempt that did not grant: give back grants below the quorum
+ * (Redlock) at once.  Returns true when nothing of ours can be left in
+ * Redis.  A reply lost to a failure is left as a doubt, not chased now: the
+ * failure that lost it is likely still going on.
  */
-static void
-attempt(RLHeld *e, int64 lease_ms, RLAcquireResult *res)
+static bool
+give_back(RLHeld *e, RLLockOp *op)
 {
-	RLConn	   *conns[64];
-	RLCall		call;
+	RLLockOp	rel;
 
-	(void) rl_target_nodes(e->target, e->names.key, e->names.keylen, conns, false);
-	memset(&call, 0, sizeof(call));
-	e->expires_at = doubt_horizon(lease_ms);
-	rl_call_acquire(&call, conns[0], &e->names, lease_ms);
-	rl_script_run(e->target, &call, 1, RL_RUN_SOFT);
-	if (call.error != NULL)
-	{
-		if (!call.sent)
-		{
-			entry_remove(e);
-			rl_stats_add(RL_STAT_FAILED, 1);
-		}
-		rl_raise_call_error(&call);
-	}
-	rl_parse_acquire(&call, res);
-	if (res->outcome == RL_ACQ_FAILED)
-	{
-		/* Redis answered with an error: the script did not grant */
-		char	   *name = pstrdup(e->name);
-
-		entry_remove(e);
-		rl_stats_add(RL_STAT_FAILED, 1);
-		report_call(ERROR, "acquire", name, &call);
-	}
+	if (op->yes == 0)
+		return !op->maybe_ran;
+	op_init(&rel, RL_OP_RELEASE, e, e->lease_ms);
+	rl_lock_ops_run(&rel, 1, true);
+	return rel.failed == 0;
 }
 
 static void
-grant(RLHeld *e, RLAcquireResult *res, int64 lease_ms, bool watchdog,
-	  RLScope scope)
+grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 {
-	e->fence = res->fence;
+	e->fence = fence;
 	e->lease_ms = lease_ms;
 	e->watchdog = watchdog;
 	e->lost = false;
@@ -563,22 +563,36 @@ grant(RLHeld *e, RLAcquireResult *res, int64 lease_ms, bool watchdog,
 	rl_stats_add(RL_STAT_ACQUIRED, 1);
 }
 
+static long
+jitter(long max_ms)
+{
+	if (max_ms <= 0)
+		return 0;
+#if PG_VERSION_NUM >= 150000
+	return (long) pg_prng_uint64_range(&pg_global_prng_state, 0, (uint64) max_ms);
+#else
+	return random() % (max_ms + 1);
+#endif
+}
+
 /*
- * Wait for the lock: subscribe to its release channel, then alternate
- * attempts with latch waits that end on a release message, on the
+ * Wait for the lock: subscribe to its release channel on every node, then
+ * alternate attempts with latch waits that end on a release message, on the
  * holder's expiry, or on a bounded backoff for holders that never publish.
+ * Redlock retries add random jitter so contenders do not collide again.
  */
-static bool
-wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLAcquireResult *res)
+static AcqOutcome
+wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 {
 	TimestampTz start = GetCurrentTimestamp();
 	TimestampTz deadline = TimestampTzPlusMilliseconds(start, wait_ms);
-	RLConn	   *subs[64];
+	RLConn	   *subs[RL_MAX_NODES];
 	int			nsubs;
 	long		backoff = 8;
 	const char *sub = rl_pubsub_subscribe_cmd();
 	const char *unsub = rl_pubsub_unsubscribe_cmd();
-	bool		got = false;
+	bool		redlock = e->target->kind == RL_TOPO_REDLOCK;
+	AcqOutcome	outcome = ACQ_BUSY;
 	int			i;
 
 	rl_stats_add(RL_STAT_WAITS, 1);
@@ -593,24 +607,29 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLAcquireResult *res)
 		long		sleep_ms;
 
 		/* the release may have happened before the subscription took */
-		attempt(e, lease_ms, res);
-		if (res->outcome == RL_ACQ_GRANTED)
-		{
-			got = true;
+		outcome = attempt(e, lease_ms, op);
+		if (outcome == ACQ_GOT || outcome == ACQ_WRONGTYPE)
 			break;
-		}
-		if (res->outcome != RL_ACQ_BUSY)
-			break;
+		if (outcome == ACQ_UNDECIDED && !redlock)
+			break;				/* one node and it failed: an error now */
+		if (op->yes > 0)
+			(void) give_back(e, op);
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			break;
 
 		/* holders of ours publish on release: poll rarely; others: backoff */
-		sleep_ms = res->holder_publishes ? 1000 : backoff;
-		if (!res->holder_publishes)
+		if (outcome == ACQ_BUSY && op->holder_publishes)
+			sleep_ms = 1000;
+		else
+		{
+			sleep_ms = backoff;
 			backoff = Min(backoff * 2, 100);
-		if (res->pttl > 0)
-			sleep_ms = Min(sleep_ms, (long) res->pttl + 1);
+		}
+		if (op->pttl > 0)
+			sleep_ms = Min(sleep_ms, (long) op->pttl + 1);
+		if (redlock)
+			sleep_ms += jitter(Min(sleep_ms, 50));
 		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
 		if (sleep_ms < 1)
 			sleep_ms = 1;
@@ -619,43 +638,41 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLAcquireResult *res)
 
 	rl_unsubscribe_async(subs, nsubs, unsub, e->names.channel);
 	ndirty_subs = 0;
-	rl_stats_add(RL_STAT_WAIT_US,
-				 (uint64) (GetCurrentTimestamp() - start));
-	return got;
+	rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
+	return outcome;
 }
 
 /* Verify a held lock with Redis and restart its lease; false if lost */
 static bool
 verify_and_refresh(RLHeld *e, int64 lease_ms)
 {
-	RLConn	   *conns[64];
-	RLCall		call;
-	char	   *err;
-	int			f;
+	RLLockOp	op;
 
-	rl_target_nodes(e->target, e->names.key, e->names.keylen, conns, false);
-	memset(&call, 0, sizeof(call));
-	rl_call_extend(&call, conns[0], &e->names, lease_ms);
-	rl_script_run(e->target, &call, 1, RL_RUN_HARD);
-	f = rl_parse_flag(&call, &err);
-	if (f < 0)
-		report_call(ERROR, "verify", e->name, &call);
-	return f == 1;
+	op_init(&op, RL_OP_EXTEND, e, lease_ms);
+	rl_lock_ops_run(&op, 1, false);
+	if (RL_OP_YES(&op))
+		return true;
+	if (!RL_OP_NO(&op))
+		raise_undecided("verify", e->name, &op);
+	return false;
 }
 
 /*
  * Take lock name.  ttl_ms <= 0 means "ttl NULL": the lease is
  * redis_lock.lease_time, renewed by the watchdog when it runs.  Returns the
- * fencing token; *obtained is false when the wait elapsed.
+ * fencing token (0 under Redlock: none); *obtained is false when the wait
+ * elapsed.
  */
 int64
 rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 		   bool *obtained)
 {
 	RLHeld	   *e;
-	RLAcquireResult res;
+	RLLockOp	op;
+	AcqOutcome	outcome;
 	int64		lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
 	bool		watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
+	char	   *namecopy;
 
 	*obtained = false;
 	rl_safe_point();
@@ -709,34 +726,54 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 	if (rl_watchdog_enabled() && e->registry_slot < 0)
 		e->registry_slot = rl_registry_add(e);
 
-	attempt(e, lease_ms, &res);
-	if (res.outcome == RL_ACQ_BUSY && wait_ms > 0)
-		wait_for_lock(e, lease_ms, wait_ms, &res);
+	outcome = attempt(e, lease_ms, &op);
+	if (outcome != ACQ_GOT && outcome != ACQ_WRONGTYPE && wait_ms > 0 &&
+		(outcome == ACQ_BUSY || e->target->kind == RL_TOPO_REDLOCK))
+		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);
 
-	switch (res.outcome)
+	if (outcome == ACQ_GOT && op.replicas_short > 0)
 	{
-		case RL_ACQ_GRANTED:
-			grant(e, &res, lease_ms, watchdog, scope);
-			*obtained = true;
-			return e->fence;
-		case RL_ACQ_WRONGTYPE:
-			{
-				RLLockNames n = e->names;
+		/* asked for replica acknowledgement and did not get it: give up */
+		namecopy = pstrdup(name);
+		release_soft(&e, 1, NULL);	/* still a doubt: no holds counted */
+		rl_stats_add(RL_STAT_FAILED, 1);
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("Redis lock \"%s\" was not replicated to %d replica(s) within %s",
+						namecopy, rl_wait_replicas, rl_format_ms(rl_wait_replicas_timeout_ms)),
+				 errdetail("The lock was released again; without replicas a failover could lose it."),
+				 errhint("Check the replicas, or lower redis_lock.wait_replicas.")));
+	}
+	if (outcome == ACQ_GOT)
+	{
+		grant(e, op.fence_value, lease_ms, watchdog, scope);
+		*obtained = true;
+		return e->fence;
+	}
 
-				n.key = pstrdup(n.key);
-				entry_remove(e);
+	/* not ours: give back partial grants; forget the entry if clean */
+	namecopy = pstrdup(name);
+	if (give_back(e, &op))
+		entry_remove(e);
+	switch (outcome)
+	{
+		case ACQ_WRONGTYPE:
+			{
+				RLLockNames n;
+
+				memset(&n, 0, sizeof(n));
+				rl_names_build(&n, (RLProtocol) rl_protocol, rl_key_prefix, namecopy,
+							   CurrentMemoryContext);
 				rl_stats_add(RL_STAT_FAILED, 1);
-				report_wrongtype(name, &n, res.type);
+				report_wrongtype(namecopy, &n, op.wrongtype);
 			}
 			break;
+		case ACQ_UNDECIDED:
+			rl_stats_add(RL_STAT_FAILED, 1);
+			raise_undecided("acquire", namecopy, &op);
+			break;
 		default:
-			/* busy at the deadline: definitely not ours */
-			entry_remove(e);
 			rl_stats_add(RL_STAT_TIMED_OUT, 1);
-			if (res.pttl > 0)
-				ereport(DEBUG1,
-						(errmsg_internal("Redis lock \"%s\" busy, holder expires in " INT64_FORMAT " ms",
-										 name, res.pttl)));
 			break;
 	}
 	return 0;
@@ -751,7 +788,7 @@ rl_release(const char *name)
 {
 	RLHeld	   *e;
 	int			result;
-	RLCall	   *failed;
+	RLLockOp   *op;
 
 	rl_safe_point();
 	e = hash_search(held, name, HASH_FIND, NULL);
@@ -789,9 +826,9 @@ rl_release(const char *name)
 		entry_remove(e);
 		return false;
 	}
-	release_batch(&e, 1, RL_RUN_HARD, &result, &failed);
+	op = release_entries(&e, 1, false, &result);
 	if (result == RELEASE_UNKNOWN)
-		report_call(ERROR, "release", name, failed);
+		raise_undecided("release", name, op);
 	if (result == 0)
 	{
 		mark_lost(e);
@@ -820,7 +857,10 @@ rl_release_one_error_safe(const char *name)
 		return;
 	e->session_holds--;
 	if (RL_HOLDS(e) > 0)
+	{
+		rl_registry_update(e, false);
 		return;
+	}
 	became_doubt(e);
 	release_soft(&e, 1, all_loud(1));
 }
@@ -831,10 +871,10 @@ rl_release_all_session(void)
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 	RLHeld	  **ents;
+	RLLockOp   *ops;
 	int			n = 0;
 	int			count = 0;
 	int		   *results;
-	RLCall	  **failed;
 	int			i;
 	int			unknown = -1;
 
@@ -865,9 +905,7 @@ rl_release_all_session(void)
 	}
 
 	results = palloc(sizeof(int) * Max(n, 1));
-	failed = palloc(sizeof(RLCall *) * Max(n, 1));
-	if (n > 0)
-		release_batch(ents, n, RL_RUN_SOFT, results, failed);
+	ops = release_entries(ents, n, true, results);
 	for (i = 0; i < n; i++)
 	{
 		if (results[i] == RELEASE_UNKNOWN)
@@ -886,7 +924,7 @@ rl_release_all_session(void)
 		entry_remove(ents[i]);
 	}
 	if (unknown >= 0)
-		report_call(ERROR, "release", ents[unknown]->name, failed[unknown]);
+		raise_undecided("release", ents[unknown]->name, &ops[unknown]);
 	return count;
 }
 
@@ -945,8 +983,8 @@ any_xact_holds(void)
 
 /*
  * Before COMMIT: check with Redis, in one round trip per node however many
- * locks, that every transaction-scoped lock is still ours.  A lost one
- * fails the COMMIT (the transaction rolls back).
+ * locks, that every transaction-scoped lock is still ours (and restart its
+ * lease).  A lost one fails the COMMIT: the transaction rolls back.
  */
 static void
 verify_xact_locks(void)
@@ -954,7 +992,7 @@ verify_xact_locks(void)
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 	RLHeld	  **ents;
-	RLCall	   *calls;
+	RLLockOp   *ops;
 	int			n = 0;
 	int			i;
 	MemoryContext old;
@@ -972,27 +1010,21 @@ verify_xact_locks(void)
 		MemoryContextSwitchTo(old);
 		return;
 	}
-	calls = palloc0(sizeof(RLCall) * n);
+	ops = palloc(sizeof(RLLockOp) * n);
 	for (i = 0; i < n; i++)
 	{
-		RLConn	   *conns[64];
-
 		e = ents[i];
 		if (e->registry_slot >= 0 && !e->lost && rl_registry_lost(e))
 			e->lost = true;
-		rl_target_nodes(e->target, e->names.key, e->names.keylen, conns, false);
-		rl_call_extend(&calls[i], conns[0], &e->names, e->lease_ms);
+		op_init(&ops[i], RL_OP_EXTEND, e, e->lease_ms);
 	}
-	rl_script_run(ents[0]->target, calls, n, RL_RUN_HARD);
+	rl_lock_ops_run(ops, n, false);
 	for (i = 0; i < n; i++)
 	{
-		char	   *err;
-		int			f = rl_parse_flag(&calls[i], &err);
-
 		e = ents[i];
-		if (f < 0)
-			report_call(ERROR, "verify", e->name, &calls[i]);
-		if (f == 0 || e->lost)
+		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
+			raise_undecided("verify", e->name, &ops[i]);
+		if (RL_OP_NO(&ops[i]) || e->lost)
 		{
 			mark_lost(e);
 			e->lost_reported_at = call_seq;
@@ -1015,7 +1047,6 @@ end_of_xact(void)
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 	RLHeld	  **ents;
-	bool	   *loud;
 	int			n = 0;
 	MemoryContext old;
 
@@ -1023,36 +1054,34 @@ end_of_xact(void)
 		return;
 	old = MemoryContextSwitchTo(work_cxt);
 	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
-	loud = palloc(sizeof(bool) * Max(hash_get_num_entries(held), 1));
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (e->xact_holds > 0)
+		if (e->xact_holds == 0)
+			continue;
+		e->xact_holds = 0;
+		if (e->session_holds > 0)
 		{
-			e->xact_holds = 0;
-			if (e->session_holds > 0)
-			{
-				rl_registry_update(e, false);
-				continue;
-			}
-			became_doubt(e);
-			if (e->lost)
-			{
-				/* nothing of ours left to delete */
-				warn_lost(e);
-				entry_remove(e);
-				continue;
-			}
-			loud[n] = true;
-			ents[n++] = e;
+			rl_registry_update(e, false);
+			continue;
 		}
-		/*
-		 * Older doubts wait for the next redis_lock call: the failure that
-		 * made them is often still going on, and an abort should not wait
-		 * for it twice.
-		 */
+		became_doubt(e);
+		if (e->lost)
+		{
+			/* nothing of ours left to delete */
+			warn_lost(e);
+			entry_remove(e);
+			continue;
+		}
+		ents[n++] = e;
 	}
-	release_soft(ents, n, loud);
+
+	/*
+	 * Older doubts wait for the next redis_lock call: the failure that made
+	 * them is often still going on, and an abort should not wait for it
+	 * twice.
+	 */
+	release_soft(ents, n, all_loud(n));
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
 	MemoryContextSwitchTo(old);
@@ -1085,8 +1114,8 @@ xact_callback(XactEvent event, void *arg)
 
 /*
  * Backend exit: release everything this session holds, bounded by the
- * command timeout.  What cannot be released here expires with its lease,
- * or the watchdog worker releases it.
+ * command timeout.  What cannot be released here goes to the watchdog
+ * worker, or expires with its lease.
  */
 static void
 exit_callback(int code, Datum arg)

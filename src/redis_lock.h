@@ -26,6 +26,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "pgstat.h"
 #include "utils/timestamp.h"
 
 /* Longest lock name accepted, in bytes (API.md) */
@@ -69,6 +70,8 @@ extern bool rl_cluster;
 extern int	rl_wait_replicas;
 extern int	rl_wait_replicas_timeout_ms;
 extern bool rl_sharded_pubsub;
+extern int	rl_node_timeout_ms;
+extern char *rl_sentinel_password;
 
 /* Bumped whenever a setting that changes where or how we connect changes */
 extern uint64 rl_settings_generation;
@@ -80,6 +83,7 @@ typedef struct RLEndpoint
 	int			port;
 	int			db;
 	char		user[128];		/* ACL user, "" for none */
+	bool		sentinel;		/* a Sentinel: its own password, no SELECT */
 } RLEndpoint;
 
 extern void rl_define_settings(void);
@@ -104,6 +108,7 @@ typedef struct RLReply
 } RLReply;
 
 typedef struct RLConn RLConn;
+typedef struct RLTarget RLTarget;
 
 #define RL_MAX_ARGS 12
 
@@ -114,6 +119,9 @@ typedef struct RLConn RLConn;
 typedef struct RLCall
 {
 	RLConn	   *conn;
+	RLTarget   *target;			/* for redirections; NULL: none */
+	bool		asking;			/* send ASKING first (cluster slot migration) */
+	int			extra_ms;		/* the command itself waits this long (WAIT) */
 	int			argc;
 	const char *argv[RL_MAX_ARGS];
 	size_t		argvlen[RL_MAX_ARGS];
@@ -163,43 +171,47 @@ typedef enum RLTopologyKind
 	RL_TOPO_CLUSTER
 } RLTopologyKind;
 
-/*
- * Where locks live.  Built from the settings, cached by their text, never
- * freed while a held lock points at it.
- */
-typedef struct RLTarget
+/* Redis Cluster slot map of a target */
+typedef struct RLSlotMap
 {
-	char	   *spec;			/* settings text it was built from */
+	int			nnodes;
+	int			capacity;
+	RLEndpoint *nodes;
+	int16		owner[16384];	/* index into nodes, -1 unknown */
+	bool		loaded;
+} RLSlotMap;
+
+/*
+ * Where locks live.  Built from a spec text (see rl_target_from_spec),
+ * cached for good; a held lock keeps pointing at the target it was taken on.
+ */
+struct RLTarget
+{
+	char	   *spec;			/* text it was built from */
 	RLTopologyKind kind;
 	int			nendpoints;
-	RLEndpoint *endpoints;		/* single/redlock: the masters; sentinel:
-								 * the sentinels; cluster: the seeds */
+	RLEndpoint *endpoints;		/* single/redlock: the masters; sentinel: the
+								 * sentinels; cluster: the seed */
 	char	   *master_name;	/* sentinel: monitored master's name */
+	RLEndpoint	data;			/* sentinel: user/db for the master */
 	RLEndpoint	master;			/* sentinel: last discovered master */
 	bool		master_known;
-	struct RLTarget *next;
-} RLTarget;
+	RLSlotMap  *slots;			/* cluster */
+	RLTarget   *next;
+};
 
 extern RLTarget *rl_current_target(void);
 extern RLTarget *rl_target_from_spec(const char *spec);
 extern int	rl_target_quorum(RLTarget *t);
 extern uint16 rl_key_slot(const char *key, size_t len);
 
-/*
- * One routed script execution: a script call (built by scripts.c) run on
- * every node the key lives on.  For single/sentinel/cluster that is one node,
- * for Redlock every master.
- */
-typedef struct RLRouted
-{
-	int			nnodes;
-	RLCall	   *calls;			/* one per node */
-} RLRouted;
+#define RL_MAX_NODES 16
 
 extern int	rl_target_nodes(RLTarget *t, const char *key, size_t keylen,
 							RLConn **conns, bool subscriber);
-extern void rl_target_run(RLTarget *t, RLCall *calls, int ncalls, int mode);
+extern void rl_target_run(RLCall *calls, int ncalls, int mode);
 extern int	rl_target_max_nodes(RLTarget *t);
+extern int	rl_target_timeout(RLTarget *t);
 
 /* ----------------------------------------------------------------
  * scripts.c
@@ -241,11 +253,13 @@ typedef enum RLAcquireOutcome
 typedef struct RLAcquireResult
 {
 	RLAcquireOutcome outcome;
-	int64		fence;			/* when granted */
+	int64		fence;			/* when granted; 0: no fencing (Redlock) */
 	int64		pttl;			/* when busy: holder's remaining ms, -1 none */
 	bool		holder_publishes;	/* when busy: holder wakes us on release */
 	char	   *type;			/* when wrong type: Redis type name */
-	char	   *error;			/* when failed */
+	RLCall	   *failure;		/* when failed: a failed call */
+	int			answered;		/* nodes that answered */
+	int			nodes;			/* nodes asked */
 } RLAcquireResult;
 
 extern void rl_scripts_init(void);
@@ -259,16 +273,61 @@ extern void rl_new_owner(RLProtocol protocol, char *owner);
 extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
 						   int nkeys, const char **keys, int nargs,
 						   const char **args);
-extern void rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode);
+extern void rl_script_run(RLCall *calls, int ncalls, int mode);
 
 extern void rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n,
-							int64 lease_ms);
+							int64 lease_ms, bool fence);
 extern void rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n,
 						   int64 lease_ms);
 extern void rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_parse_acquire(RLCall *call, RLAcquireResult *res);
+
+/*
+ * One lock operation on every node its target puts the key on, with the
+ * per-node answers counted.  Decisions go by majority (one node: its
+ * answer): yes >= quorum, or no > nodes - quorum.
+ */
+typedef enum RLOpKind
+{
+	RL_OP_ACQUIRE,
+	RL_OP_EXTEND,				/* also verify and renew */
+	RL_OP_RELEASE,
+	RL_OP_FORCE,
+	RL_OP_INSPECT
+} RLOpKind;
+
+typedef struct RLLockOp
+{
+	/* in */
+	RLOpKind	kind;
+	RLTarget   *target;
+	const RLLockNames *names;
+	int64		lease_ms;
+	bool		fence;			/* acquire: count a fencing token */
+	/* out */
+	int			nodes;
+	int			yes;
+	int			no;
+	int			failed;
+	bool		maybe_ran;		/* a failed call may have reached Redis */
+	RLCall	   *failure;		/* first failed call */
+	RLCall	   *calls;			/* one per node */
+	char	   *wrongtype;		/* some node holds a foreign type */
+	int64		fence_value;
+	int64		pttl;			/* acquire, busy: smallest holder TTL seen */
+	bool		holder_publishes;
+	int64		elapsed_ms;
+	int			stride;			/* calls per node: 2 when WAIT follows */
+	int			replicas_short; /* nodes where WAIT saw too few replicas */
+} RLLockOp;
+
+#define RL_OP_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
+#define RL_OP_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
+
+extern void rl_lock_ops_run(RLLockOp *ops, int nops, bool soft);
+extern bool rl_op_granted(RLLockOp *op);
 extern int	rl_parse_flag(RLCall *call, char **error);
 extern const char *rl_pubsub_subscribe_cmd(void);
 extern const char *rl_pubsub_unsubscribe_cmd(void);

@@ -32,7 +32,7 @@
 
 /*
  * simple, acquire.  KEYS: lock, fence counter.  ARGV: token, lease ms,
- * marker.  Returns {1, fence} granted (also when the key already holds our
+ * marker, fence ("1": count a fencing token, "0": not, for Redlock).  Returns {1, fence} granted (also when the key already holds our
  * token: a retry of an acquire whose reply was lost), {0, pttl, publishes}
  * busy, {-1, type} when the key is not a string.
  *
@@ -43,6 +43,7 @@
  */
 static const char *simple_acquire_lua =
 "local function fence()\n"
+"  if ARGV[4] ~= '1' then return 0 end\n"
 "  local f = redis.call('incr', KEYS[2])\n"
 "  if f == 1 then\n"
 "    local t = redis.call('time')\n"
@@ -84,21 +85,25 @@ static const char *simple_extend_lua =
 
 /*
  * redisson, acquire (RLock layout; see WIRE.md).  KEYS: lock, token
- * counter.  ARGV: lease ms, field.  Our field's count stays 1: reentrancy
+ * counter.  ARGV: lease ms, field, fence flag.  Our field's count stays 1: reentrancy
  * is counted in the backend, so a repeated acquire is idempotent.  The
  * counter is incremented on every grant, as RFencedLock does.
  */
 static const char *redisson_acquire_lua =
+"local function fence()\n"
+"  if ARGV[3] ~= '1' then return 0 end\n"
+"  return redis.call('incr', KEYS[2])\n"
+"end\n"
 "if redis.call('exists', KEYS[1]) == 0 then\n"
 "  redis.call('hincrby', KEYS[1], ARGV[2], 1)\n"
 "  redis.call('pexpire', KEYS[1], ARGV[1])\n"
-"  return {1, redis.call('incr', KEYS[2])}\n"
+"  return {1, fence()}\n"
 "end\n"
 "local t = redis.call('type', KEYS[1])['ok']\n"
 "if t ~= 'hash' then return {-1, t} end\n"
 "if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
 "  redis.call('pexpire', KEYS[1], ARGV[1])\n"
-"  return {1, redis.call('incr', KEYS[2])}\n"
+"  return {1, fence()}\n"
 "end\n"
 "return {0, redis.call('pttl', KEYS[1]), 1}\n";
 
@@ -423,6 +428,9 @@ rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
 	Assert(nkeys < (int) lengthof(nkeys_text));
 	ensure_shas();
 	call->conn = conn;
+	call->target = NULL;
+	call->asking = false;
+	call->error = NULL;
 	call->argc = 0;
 	if (s->sha[0] != '\0')
 	{
@@ -460,7 +468,7 @@ script_of(RLCall *call)
  * connection, so the next first use of another script costs nothing extra.
  */
 void
-rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
+rl_script_run(RLCall *calls, int ncalls, int mode)
 {
 	int		   *idx = NULL;
 	int			nretry = 0;
@@ -468,7 +476,7 @@ rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
 	int			nreload = 0;
 	int			i;
 
-	rl_target_run(t, calls, ncalls, mode);
+	rl_target_run(calls, ncalls, mode);
 	for (i = 0; i < ncalls; i++)
 	{
 		RLCall	   *c = &calls[i];
@@ -508,10 +516,12 @@ rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
 			{
 				const char *argv[3] = {"SCRIPT", "LOAD", scripts[sid].body};
 
-				rl_call_set(&again[k++], reload[i], 3, argv, NULL);
+				rl_call_set(&again[k], reload[i], 3, argv, NULL);
+				/* follow the connection the NOSCRIPT came from */
+				again[k++].target = NULL;
 			}
 		}
-		rl_target_run(t, again, nagain, mode);
+		rl_target_run(again, nagain, mode);
 		for (i = 0; i < nretry; i++)
 			calls[idx[i]] = again[i];
 		pfree(again);
@@ -521,21 +531,23 @@ rl_script_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
 }
 
 void
-rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
+rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
+				bool fence)
 {
 	const char *keys[2] = {n->key, n->fence_key};
+	const char *f = fence ? "1" : "0";
 
 	if (n->protocol == RL_PROTOCOL_REDISSON)
 	{
-		const char *args[2] = {ms_text(lease_ms), n->owner};
+		const char *args[3] = {ms_text(lease_ms), n->owner, f};
 
-		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, 2, keys, 2, args);
+		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, 2, keys, 3, args);
 	}
 	else
 	{
-		const char *args[3] = {n->owner, ms_text(lease_ms), RL_TOKEN_MARKER};
+		const char *args[4] = {n->owner, ms_text(lease_ms), RL_TOKEN_MARKER, f};
 
-		rl_script_call(call, conn, RL_SCRIPT_SIMPLE_ACQUIRE, 2, keys, 3, args);
+		rl_script_call(call, conn, RL_SCRIPT_SIMPLE_ACQUIRE, 2, keys, 4, args);
 	}
 }
 
@@ -606,12 +618,10 @@ rl_parse_acquire(RLCall *call, RLAcquireResult *res)
 
 	memset(res, 0, sizeof(*res));
 	res->outcome = RL_ACQ_FAILED;
+	res->failure = call;
 	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
 		r->element[0]->type != REDIS_REPLY_INTEGER)
-	{
-		res->error = reply_error_text(call);
 		return;
-	}
 	switch (r->element[0]->integer)
 	{
 		case 1:
@@ -628,8 +638,10 @@ rl_parse_acquire(RLCall *call, RLAcquireResult *res)
 			res->type = r->element[1]->str ? r->element[1]->str : "unknown";
 			break;
 		default:
-			res->error = reply_error_text(call);
+			break;
 	}
+	if (res->outcome != RL_ACQ_FAILED)
+		res->failure = NULL;
 }
 
 /*
@@ -652,4 +664,224 @@ rl_parse_flag(RLCall *call, char **error)
 	}
 	*error = reply_error_text(call);
 	return -1;
+}
+
+/* ----------------------------------------------------------------
+ * Operations over a target's nodes
+ * ----------------------------------------------------------------
+ */
+static void
+build_call(RLLockOp *op, RLCall *call, RLConn *conn)
+{
+	switch (op->kind)
+	{
+		case RL_OP_ACQUIRE:
+			rl_call_acquire(call, conn, op->names, op->lease_ms, op->fence);
+			break;
+		case RL_OP_EXTEND:
+			rl_call_extend(call, conn, op->names, op->lease_ms);
+			break;
+		case RL_OP_RELEASE:
+			rl_call_release(call, conn, op->names);
+			break;
+		case RL_OP_FORCE:
+			rl_call_force(call, conn, op->names);
+			break;
+		case RL_OP_INSPECT:
+			rl_call_inspect(call, conn, op->names);
+			break;
+	}
+	call->target = op->target;
+}
+
+static void
+count_answer(RLLockOp *op, RLCall *call)
+{
+	if (op->kind == RL_OP_ACQUIRE)
+	{
+		RLAcquireResult r;
+
+		rl_parse_acquire(call, &r);
+		switch (r.outcome)
+		{
+			case RL_ACQ_GRANTED:
+				op->yes++;
+				op->fence_value = r.fence;
+				return;
+			case RL_ACQ_BUSY:
+				op->no++;
+				if (r.pttl > 0 && (op->pttl <= 0 || r.pttl < op->pttl))
+					op->pttl = r.pttl;
+				op->holder_publishes |= r.holder_publishes;
+				return;
+			case RL_ACQ_WRONGTYPE:
+				op->no++;
+				op->wrongtype = r.type;
+				return;
+			case RL_ACQ_FAILED:
+				break;
+		}
+	}
+	else if (op->kind == RL_OP_INSPECT)
+	{
+		if (call->reply != NULL && call->reply->type == REDIS_REPLY_ARRAY)
+		{
+			op->yes++;
+			return;
+		}
+	}
+	else
+	{
+		char	   *err;
+		int			f = rl_parse_flag(call, &err);
+
+		if (f >= 0)
+		{
+			if (f == 1)
+				op->yes++;
+			else
+				op->no++;
+			return;
+		}
+		if (err != NULL && strncmp(err, "wrongtype:", 10) == 0)
+		{
+			op->no++;
+			op->wrongtype = err + 10;
+			return;
+		}
+	}
+	/* no usable answer from this node */
+	op->failed++;
+	if (op->failure == NULL)
+		op->failure = call;
+	/* an error reply or a lost reply: the script may have run */
+	if (call->sent || call->reply != NULL)
+		op->maybe_ran = true;
+}
+
+/*
+ * Run ops: one call per node of each op's target, all in one round (the
+ * sockets are waited on together, so N masters cost the slowest one, not
+ * the sum), then count answers per op.  Learning the topology (Sentinel,
+ * Cluster) may raise; with soft, nothing raises: failures are counted.
+ */
+void
+rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
+{
+	RLCall	   *calls;
+	int			total = 0;
+	int			k = 0;
+	int			i;
+	TimestampTz start;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	for (i = 0; i < nops; i++)
+	{
+		/* WAIT numreplicas rides in the same pipeline, after the acquire */
+		ops[i].stride = (ops[i].kind == RL_OP_ACQUIRE && rl_wait_replicas > 0) ? 2 : 1;
+		total += rl_target_max_nodes(ops[i].target) * ops[i].stride;
+	}
+	calls = palloc0(sizeof(RLCall) * Max(total, 1));
+	for (i = 0; i < nops; i++)
+	{
+		RLLockOp   *op = &ops[i];
+
+		op->nodes = op->yes = op->no = op->failed = 0;
+		op->maybe_ran = op->holder_publishes = false;
+		op->failure = NULL;
+		op->wrongtype = NULL;
+		op->fence_value = op->pttl = 0;
+		op->replicas_short = 0;
+		op->calls = &calls[k];
+	}
+
+	start = GetCurrentTimestamp();
+	PG_TRY();
+	{
+		for (i = 0; i < nops; i++)
+		{
+			RLLockOp   *op = &ops[i];
+			RLConn	   *conns[RL_MAX_NODES];
+			int			j;
+
+			op->calls = &calls[k];
+			op->nodes = rl_target_nodes(op->target, op->names->key,
+										op->names->keylen, conns, false);
+			for (j = 0; j < op->nodes; j++)
+			{
+				build_call(op, &calls[k++], conns[j]);
+				if (op->stride == 2)
+				{
+					char	   *n = psprintf("%d", rl_wait_replicas);
+					char	   *t = psprintf("%d", rl_wait_replicas_timeout_ms);
+					const char *argv[3] = {"WAIT", n, t};
+
+					rl_call_set(&calls[k], conns[j], 3, argv, NULL);
+					calls[k].target = op->target;
+					calls[k++].extra_ms = rl_wait_replicas_timeout_ms;
+				}
+			}
+		}
+		rl_script_run(calls, k, RL_RUN_SOFT);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		if (!soft)
+			PG_RE_THROW();
+		/* our own failure (topology unknown): count it, do not raise */
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		for (i = 0; i < nops; i++)
+		{
+			RLCall	   *c = palloc0(sizeof(RLCall));
+
+			c->error = edata->message;
+			c->sqlstate = edata->sqlerrcode;
+			ops[i].calls = c;
+			ops[i].nodes = Max(ops[i].nodes, 1);
+			ops[i].failed = ops[i].nodes;
+			ops[i].failure = c;
+			ops[i].maybe_ran = true;
+		}
+		return;
+	}
+	PG_END_TRY();
+
+	for (i = 0; i < nops; i++)
+	{
+		RLLockOp   *op = &ops[i];
+		int			j;
+
+		op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
+		for (j = 0; j < op->nodes; j++)
+		{
+			count_answer(op, &op->calls[j * op->stride]);
+			if (op->stride == 2)
+			{
+				RLReply    *w = op->calls[j * 2 + 1].reply;
+
+				if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
+					w->integer < rl_wait_replicas)
+					op->replicas_short++;
+			}
+		}
+	}
+}
+
+/*
+ * Did an acquire op grant the lock?  A majority said yes and, for Redlock,
+ * the lease left after the round trip and a clock-drift allowance
+ * (1% of the lease + 2 ms) is still positive.
+ */
+bool
+rl_op_granted(RLLockOp *op)
+{
+	if (!RL_OP_YES(op))
+		return false;
+	if (op->target->kind == RL_TOPO_REDLOCK)
+		return op->lease_ms - op->elapsed_ms - (op->lease_ms / 100 + 2) > 0;
+	return true;
 }

@@ -35,6 +35,8 @@ bool		rl_cluster = false;
 int			rl_wait_replicas = 0;
 int			rl_wait_replicas_timeout_ms = 100;
 bool		rl_sharded_pubsub = false;
+int			rl_node_timeout_ms = 100;
+char	   *rl_sentinel_password = NULL;
 
 uint64		rl_settings_generation = 1;
 
@@ -371,6 +373,24 @@ rl_define_settings(void)
 							   PGC_SUSET,
 							   0,
 							   check_url_list, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.sentinel_password",
+							   "Password sent with AUTH to the Sentinels (the master uses redis_lock.password).",
+							   NULL,
+							   &rl_sentinel_password,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   NULL, bump_generation, NULL);
+
+	DefineCustomIntVariable("redis_lock.node_timeout",
+							"Redlock: how long one master may take to answer one request.",
+							NULL,
+							&rl_node_timeout_ms,
+							100, 1, 60000,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("redis_lock.sentinel_master",
 							   "Name of the master the Sentinels monitor.",

@@ -17,6 +17,10 @@
  */
 #include "redis_lock.h"
 
+#include <hiredis/hiredis.h>
+
+#include "miscadmin.h"
+#include "storage/latch.h"
 #include "utils/memutils.h"
 
 static RLTarget *targets = NULL;
@@ -125,14 +129,24 @@ rl_target_from_spec(const char *spec)
 	}
 	else if (strncmp(spec, "sentinel|", 9) == 0)
 	{
-		const char *list = strchr(rest, '|');
+		/* sentinel|<master name>|<url giving user and db>|<sentinel urls> */
+		const char *data = strchr(rest, '|');
+		const char *list = data ? strchr(data + 1, '|') : NULL;
+		char	   *msg;
+		char	   *dataurl;
+		int			i;
 
 		if (list == NULL)
 			elog(ERROR, "redis_lock: malformed target \"%s\"", spec);
 		t->kind = RL_TOPO_SENTINEL;
 		t->master_name = MemoryContextStrdup(TopMemoryContext,
-											 pnstrdup(rest, list - rest));
+											 pnstrdup(rest, data - rest));
+		dataurl = pnstrdup(data + 1, list - data - 1);
+		if (!rl_parse_url(dataurl, &t->data, &msg))
+			elog(ERROR, "redis_lock: invalid URL \"%s\": %s", dataurl, msg);
 		t->nendpoints = parse_list(list + 1, &t->endpoints);
+		for (i = 0; i < t->nendpoints; i++)
+			t->endpoints[i].sentinel = true;
 	}
 	else if (strncmp(spec, "cluster|", 8) == 0)
 	{
@@ -165,7 +179,7 @@ rl_current_target(void)
 	if (rl_nodes != NULL && rl_nodes[0] != '\0')
 		spec = psprintf("redlock|%s", rl_nodes);
 	else if (rl_sentinels != NULL && rl_sentinels[0] != '\0')
-		spec = psprintf("sentinel|%s|%s", rl_sentinel_master, rl_sentinels);
+		spec = psprintf("sentinel|%s|%s|%s", rl_sentinel_master, rl_url, rl_sentinels);
 	else if (rl_cluster)
 		spec = psprintf("cluster|%s", rl_url);
 	else
@@ -189,9 +203,209 @@ rl_target_max_nodes(RLTarget *t)
 	return t->kind == RL_TOPO_REDLOCK ? t->nendpoints : 1;
 }
 
+/* Redlock asks each master with a small timeout; others the command timeout */
+int
+rl_target_timeout(RLTarget *t)
+{
+	if (t->kind == RL_TOPO_REDLOCK)
+		return Min(rl_node_timeout_ms, rl_command_timeout_ms);
+	return rl_command_timeout_ms;
+}
+
+/* ----------------------------------------------------------------
+ * Sentinel
+ * ----------------------------------------------------------------
+ */
+
+/* Ask the master's ROLE: is it really a master (not a demoted one)? */
+static bool
+is_master(const RLEndpoint *ep)
+{
+	RLCall		call;
+	const char *argv[1] = {"ROLE"};
+
+	memset(&call, 0, sizeof(call));
+	rl_call_set(&call, rl_conn_for(ep, false), 1, argv, NULL);
+	rl_run(&call, 1, RL_RUN_SOFT, rl_command_timeout_ms);
+	return call.reply != NULL && call.reply->type == REDIS_REPLY_ARRAY &&
+		call.reply->elements > 0 && call.reply->element[0]->str != NULL &&
+		strcmp(call.reply->element[0]->str, "master") == 0;
+}
+
 /*
- * Connections for the node(s) holding key: one per Redlock master, else
- * one.  conns must have room for rl_target_max_nodes(t).
+ * Find the master through the Sentinels: ask all of them at once, take the
+ * addresses they report, keep the first that confirms with ROLE.  Raises
+ * when none does.
+ */
+static void
+discover_master(RLTarget *t)
+{
+	RLCall	   *calls = palloc0(sizeof(RLCall) * t->nendpoints);
+	int			i;
+	char	   *why = NULL;
+
+	t->master_known = false;
+	for (i = 0; i < t->nendpoints; i++)
+	{
+		const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", t->master_name};
+
+		rl_call_set(&calls[i], rl_conn_for(&t->endpoints[i], false), 3, argv, NULL);
+	}
+	rl_run(calls, t->nendpoints, RL_RUN_SOFT, rl_command_timeout_ms);
+	for (i = 0; i < t->nendpoints; i++)
+	{
+		RLReply    *r = calls[i].reply;
+		RLEndpoint	ep;
+		char	   *end;
+		long		port;
+
+		if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2)
+		{
+			if (why == NULL)
+				why = calls[i].error ? calls[i].error :
+					psprintf("Sentinel at %s does not know master \"%s\"",
+							 rl_conn_label(calls[i].conn), t->master_name);
+			continue;
+		}
+		ep = t->data;
+		strlcpy(ep.host, r->element[0]->str, sizeof(ep.host));
+		port = strtol(r->element[1]->str, &end, 10);
+		if (*end != '\0' || port <= 0 || port > 65535)
+			continue;
+		ep.port = (int) port;
+		if (t->master_known && strcmp(t->master.host, ep.host) == 0 &&
+			t->master.port == ep.port)
+			continue;
+		if (is_master(&ep))
+		{
+			t->master = ep;
+			t->master_known = true;
+			break;
+		}
+		why = psprintf("%s:%d, named by the Sentinel at %s, is not a master (yet)",
+					   ep.host, ep.port, rl_conn_label(calls[i].conn));
+	}
+	pfree(calls);
+	if (!t->master_known)
+		ereport(ERROR,
+				(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+				 errmsg("could not find the Redis master \"%s\" through Sentinel", t->master_name),
+				 errdetail("%s", why ? why : "No Sentinel answered."),
+				 errhint("Check redis_lock.sentinels and redis_lock.sentinel_master.")));
+}
+
+/* ----------------------------------------------------------------
+ * Cluster
+ * ----------------------------------------------------------------
+ */
+static int
+slot_node_index(RLSlotMap *m, const RLEndpoint *proto, const char *host, int port)
+{
+	int			i;
+
+	for (i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].port == port && strcmp(m->nodes[i].host, host) == 0)
+			return i;
+	if (m->nnodes == m->capacity)
+	{
+		m->capacity = Max(8, m->capacity * 2);
+		m->nodes = m->nodes == NULL ?
+			MemoryContextAlloc(TopMemoryContext, sizeof(RLEndpoint) * m->capacity) :
+			repalloc(m->nodes, sizeof(RLEndpoint) * m->capacity);
+	}
+	m->nodes[m->nnodes] = *proto;
+	strlcpy(m->nodes[m->nnodes].host, host, sizeof(m->nodes[0].host));
+	m->nodes[m->nnodes].port = port;
+	m->nodes[m->nnodes].db = 0;
+	return m->nnodes++;
+}
+
+/* Parse "host:port" (last colon) from a MOVED/ASK reply */
+static bool
+parse_hostport(const char *s, char *host, size_t hostsz, int *port)
+{
+	const char *colon = strrchr(s, ':');
+
+	if (colon == NULL || colon == s || (size_t) (colon - s) >= hostsz)
+		return false;
+	memcpy(host, s, colon - s);
+	host[colon - s] = '\0';
+	*port = atoi(colon + 1);
+	return *port > 0;
+}
+
+/* Load the slot map with CLUSTER SLOTS from the seeds or known nodes */
+static void
+load_slots(RLTarget *t)
+{
+	RLSlotMap  *m = t->slots;
+	int			i;
+	char	   *why = NULL;
+
+	if (m == NULL)
+	{
+		m = t->slots = MemoryContextAllocZero(TopMemoryContext, sizeof(RLSlotMap));
+		for (i = 0; i < 16384; i++)
+			m->owner[i] = -1;
+	}
+	for (i = 0; i < t->nendpoints + m->nnodes; i++)
+	{
+		const RLEndpoint *ep = i < t->nendpoints ? &t->endpoints[i] : &m->nodes[i - t->nendpoints];
+		const char *argv[2] = {"CLUSTER", "SLOTS"};
+		RLCall		call;
+		RLReply    *r;
+		size_t		k;
+
+		memset(&call, 0, sizeof(call));
+		rl_call_set(&call, rl_conn_for(ep, false), 2, argv, NULL);
+		rl_run(&call, 1, RL_RUN_SOFT, rl_command_timeout_ms);
+		r = call.reply;
+		if (r == NULL || r->type != REDIS_REPLY_ARRAY)
+		{
+			if (why == NULL)
+				why = call.error ? call.error :
+					psprintf("%s replied: %s", rl_conn_label(call.conn),
+							 r && r->str ? r->str : "no slot map");
+			continue;
+		}
+		for (k = 0; k < r->elements; k++)
+		{
+			RLReply    *range = r->element[k];
+			RLReply    *master;
+			int			idx;
+			long		s1;
+
+			if (range->type != REDIS_REPLY_ARRAY || range->elements < 3)
+				continue;
+			master = range->element[2];
+			if (master->type != REDIS_REPLY_ARRAY || master->elements < 2)
+				continue;
+			idx = slot_node_index(m, &t->endpoints[0],
+								  master->element[0]->str && master->element[0]->str[0] ?
+								  master->element[0]->str : ep->host,
+								  (int) master->element[1]->integer);
+			for (s1 = range->element[0]->integer; s1 <= range->element[1]->integer && s1 < 16384; s1++)
+				m->owner[s1] = (int16) idx;
+		}
+		m->loaded = true;
+		return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+			 errmsg("could not load the Redis Cluster slot map"),
+			 errdetail("%s", why ? why : "No node answered."),
+			 errhint("Check redis_lock.url (a cluster node) and redis_lock.cluster.")));
+}
+
+/* ----------------------------------------------------------------
+ * Routing
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Connections for the node(s) holding key: every master for Redlock, else
+ * one.  conns needs room for rl_target_max_nodes(t).  May talk to Redis to
+ * learn the topology (Sentinel, Cluster); raises if it cannot.
  */
 int
 rl_target_nodes(RLTarget *t, const char *key, size_t keylen, RLConn **conns,
@@ -205,15 +419,188 @@ rl_target_nodes(RLTarget *t, const char *key, size_t keylen, RLConn **conns,
 			for (i = 0; i < t->nendpoints; i++)
 				conns[i] = rl_conn_for(&t->endpoints[i], subscriber);
 			return t->nendpoints;
+		case RL_TOPO_SENTINEL:
+			if (!t->master_known)
+				discover_master(t);
+			conns[0] = rl_conn_for(&t->master, subscriber);
+			return 1;
+		case RL_TOPO_CLUSTER:
+			{
+				int			owner;
+
+				if (t->slots == NULL || !t->slots->loaded)
+					load_slots(t);
+				owner = t->slots->owner[rl_key_slot(key, keylen)];
+				conns[0] = rl_conn_for(owner >= 0 ? &t->slots->nodes[owner] : &t->endpoints[0],
+									   subscriber);
+				return 1;
+			}
 		default:
 			conns[0] = rl_conn_for(&t->endpoints[0], subscriber);
 			return 1;
 	}
 }
 
-/* Run calls built for this target's nodes */
-void
-rl_target_run(RLTarget *t, RLCall *calls, int ncalls, int mode)
+/* Where a MOVED/ASK reply points; false if it is not one */
+static bool
+redirect_of(RLCall *c, bool *ask, int *slot, RLEndpoint *to)
 {
-	rl_run(calls, ncalls, mode, rl_command_timeout_ms);
+	RLReply    *r = c->reply;
+	char		host[256];
+	int			port;
+	char	   *sp;
+
+	if (r == NULL || r->type != REDIS_REPLY_ERROR || c->target == NULL ||
+		c->target->kind != RL_TOPO_CLUSTER)
+		return false;
+	if (strncmp(r->str, "MOVED ", 6) == 0)
+		*ask = false;
+	else if (strncmp(r->str, "ASK ", 4) == 0)
+		*ask = true;
+	else
+		return false;
+	*slot = atoi(r->str + (*ask ? 4 : 6));
+	sp = strrchr(r->str, ' ');
+	if (sp == NULL || !parse_hostport(sp + 1, host, sizeof(host), &port))
+		return false;
+	*to = c->target->endpoints[0];
+	strlcpy(to->host, host, sizeof(to->host));
+	to->port = port;
+	to->db = 0;
+	return true;
+}
+
+/* Sentinel: did this call fail because the master moved? */
+static bool
+master_gone(RLCall *c)
+{
+	if (c->target == NULL || c->target->kind != RL_TOPO_SENTINEL)
+		return false;
+	if (c->error != NULL)
+		return true;
+	return rl_reply_is_error(c->reply, "READONLY") ||
+		rl_reply_is_error(c->reply, "MASTERDOWN") ||
+		rl_reply_is_error(c->reply, "LOADING");
+}
+
+/* Find a moved master again; in soft mode a failure is left to the caller */
+static void
+rediscover(RLTarget *t, int mode)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		discover_master(t);
+	}
+	PG_CATCH();
+	{
+		if (mode == RL_RUN_HARD)
+			PG_RE_THROW();
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+	}
+	PG_END_TRY();
+}
+
+/*
+ * Run calls built for targets' nodes.  Always soft underneath; then follows
+ * cluster redirections (MOVED updates the slot map, ASK is sent with ASKING),
+ * waits out TRYAGAIN during slot migration, and re-discovers a Sentinel
+ * master that moved.  Only then, in hard mode, a remaining failure raises.
+ * Resending is safe because every script is idempotent per token.
+ */
+void
+rl_target_run(RLCall *calls, int ncalls, int mode)
+{
+	TimestampTz deadline = 0;
+	int			round;
+	int			timeout = rl_command_timeout_ms;
+	int			i;
+
+	int			extra = 0;
+
+	for (i = 0; i < ncalls; i++)
+	{
+		if (calls[i].target != NULL)
+			timeout = Min(timeout, rl_target_timeout(calls[i].target));
+		extra = Max(extra, calls[i].extra_ms);
+	}
+	timeout += extra;
+	rl_run(calls, ncalls, RL_RUN_SOFT, timeout);
+
+	for (round = 0; round < 16; round++)
+	{
+		int		   *redo = NULL;
+		int			nredo = 0;
+		bool		tryagain = false;
+
+		for (i = 0; i < ncalls; i++)
+		{
+			RLCall	   *c = &calls[i];
+			bool		ask;
+			int			slot;
+			RLEndpoint	to;
+
+			if (redirect_of(c, &ask, &slot, &to))
+			{
+				RLSlotMap  *m = c->target->slots;
+
+				if (!ask && m != NULL && slot >= 0 && slot < 16384)
+					m->owner[slot] = (int16) slot_node_index(m, &to, to.host, to.port);
+				c->conn = rl_conn_for(&to, false);
+				c->asking = ask;
+			}
+			else if (rl_reply_is_error(c->reply, "TRYAGAIN"))
+			{
+				tryagain = true;
+				c->asking = false;
+			}
+			else if (master_gone(c))
+			{
+				rediscover(c->target, mode);
+				if (!c->target->master_known)
+					continue;
+				c->conn = rl_conn_for(&c->target->master, false);
+			}
+			else
+				continue;
+			if (redo == NULL)
+				redo = palloc(sizeof(int) * ncalls);
+			redo[nredo++] = i;
+		}
+		if (nredo == 0)
+			break;
+		if (deadline == 0)
+			deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout);
+		else if (GetCurrentTimestamp() >= deadline)
+			break;
+		if (tryagain)
+		{
+			/* a multi-key script in a slot being migrated: wait a little */
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 10, RL_WAIT_EVENT);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+		{
+			RLCall	   *again = palloc(sizeof(RLCall) * nredo);
+
+			for (i = 0; i < nredo; i++)
+				again[i] = calls[redo[i]];
+			rl_run(again, nredo, RL_RUN_SOFT, timeout);
+			for (i = 0; i < nredo; i++)
+			{
+				calls[redo[i]] = again[i];
+				calls[redo[i]].asking = false;
+			}
+			pfree(again);
+		}
+		pfree(redo);
+	}
+
+	if (mode == RL_RUN_HARD)
+		for (i = 0; i < ncalls; i++)
+			if (calls[i].error != NULL)
+				rl_raise_call_error(&calls[i]);
 }

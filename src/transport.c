@@ -58,6 +58,7 @@ typedef struct RunConn
 	bool		connecting;		/* TCP connect not finished */
 	bool		reused;			/* connection was open before this run */
 	bool		wrote;			/* some bytes were written this run */
+	bool		asked;			/* the next call's ASKING reply was consumed */
 	bool		failed;
 	char	   *errmsg;
 	int			errcode;
@@ -268,7 +269,8 @@ rl_conn_for(const RLEndpoint *ep, bool subscriber)
 	for (c = conn_list; c != NULL; c = c->next)
 	{
 		if (c->subscriber == subscriber && c->ep.port == ep->port &&
-			c->ep.db == ep->db && strcmp(c->ep.host, ep->host) == 0 &&
+			c->ep.db == ep->db && c->ep.sentinel == ep->sentinel &&
+			strcmp(c->ep.host, ep->host) == 0 &&
 			strcmp(c->ep.user, ep->user) == 0)
 			return c;
 	}
@@ -350,6 +352,7 @@ start_connect(RunConn *rc, TimestampTz now)
 	const char *argv[4];
 	size_t		argvlen[4];
 	char		buf[64];
+	const char *password;
 
 	if (!AcquireExternalFD())
 	{
@@ -384,7 +387,8 @@ start_connect(RunConn *rc, TimestampTz now)
 	rc->connect_deadline = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
 	rc->handshake = 0;
 
-	if ((rl_password != NULL && rl_password[0] != '\0') || conn->ep.user[0] != '\0')
+	password = conn->ep.sentinel ? rl_sentinel_password : rl_password;
+	if ((password != NULL && password[0] != '\0') || conn->ep.user[0] != '\0')
 	{
 		int			argc = 0;
 
@@ -395,12 +399,12 @@ start_connect(RunConn *rc, TimestampTz now)
 			argv[argc] = conn->ep.user;
 			argvlen[argc++] = strlen(conn->ep.user);
 		}
-		argv[argc] = rl_password ? rl_password : "";
-		argvlen[argc++] = rl_password ? strlen(rl_password) : 0;
+		argv[argc] = password ? password : "";
+		argvlen[argc++] = password ? strlen(password) : 0;
 		append_argv(rc, argc, argv, argvlen);
 		rc->handshake++;
 	}
-	if (conn->ep.db != 0 && !conn->subscriber)
+	if (conn->ep.db != 0 && !conn->subscriber && !conn->ep.sentinel)
 	{
 		snprintf(buf, sizeof(buf), "%d", conn->ep.db);
 		argv[0] = "SELECT";
@@ -501,6 +505,13 @@ drain_replies(RunConn *rc)
 		{
 			RLCall	   *call = rc->sinks[rc->next];
 
+			if (call->asking && !rc->asked)
+			{
+				/* the reply to ASKING that precedes this call */
+				rc->asked = true;
+				continue;
+			}
+			rc->asked = false;
 			if (rc->conn->subscriber)
 			{
 				/* skip stale messages until the awaited confirmation */
@@ -632,13 +643,25 @@ queue_run(RunConn *rc, TimestampTz now)
 	rc->handshake = 0;
 	rc->connecting = false;
 	rc->failed = false;
+	rc->asked = false;
 	rc->reused = conn->ctx != NULL;
 	rc->deadline = TimestampTzPlusMilliseconds(now, rc->timeout_ms);
 	if (conn->ctx == NULL)
 		start_connect(rc, now);
 	for (i = 0; i < rc->nsinks; i++)
-		append_argv(rc, rc->sinks[i]->argc, rc->sinks[i]->argv,
-					rc->sinks[i]->argvlen);
+	{
+		RLCall	   *call = rc->sinks[i];
+
+		if (call->asking)
+		{
+			/* its +OK is consumed as part of this call's reply, see drain */
+			static const char *asking[1] = {"ASKING"};
+			static const size_t askinglen[1] = {6};
+
+			append_argv(rc, 1, asking, askinglen);
+		}
+		append_argv(rc, call->argc, call->argv, call->argvlen);
+	}
 	if (!rc->failed)
 		conn->busy = true;
 }
@@ -691,6 +714,17 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		int			j;
 
 		call->reply = NULL;
+		call->sent = false;
+		if (call->conn == NULL)
+		{
+			/* no node to send it to (topology unknown): error preset */
+			if (call->error == NULL)
+			{
+				call->error = pstrdup("no Redis node known for this key");
+				call->sqlstate = ERRCODE_CONNECTION_FAILURE;
+			}
+			continue;
+		}
 		call->error = NULL;
 		call->sqlstate = 0;
 		for (j = 0; j < nruns && rc == NULL; j++)
@@ -868,9 +902,14 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		}
 	}
 	if (mode == RL_RUN_HARD)
+	{
 		for (i = 0; i < nruns; i++)
 			if (runs[i].failed)
 				raise_error(runs[i].errcode, soft_message(&runs[i]));
+		for (i = 0; i < ncalls; i++)
+			if (calls[i].conn == NULL)
+				rl_raise_call_error(&calls[i]);
+	}
 	for (i = 0; i < nruns; i++)
 		pfree(runs[i].sinks);
 	pfree(runs);
@@ -884,6 +923,9 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 
 	Assert(argc <= RL_MAX_ARGS);
 	call->conn = conn;
+	call->target = NULL;
+	call->asking = false;
+	call->extra_ms = 0;
 	call->argc = argc;
 	for (i = 0; i < argc; i++)
 	{

@@ -438,7 +438,6 @@ typedef struct Job
 	RLLockNames names;
 	int64		lease_ms;
 	TimestampTz horizon;		/* the key cannot outlive this */
-	RLCall	   *call;
 } Job;
 
 static void
@@ -464,9 +463,9 @@ static long
 worker_cycle(void)
 {
 	Job		   *jobs;
+	RLLockOp   *ops;
 	int			njobs = 0;
 	int			i;
-	int			t;
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next_due = TimestampTzPlusMilliseconds(now, 1000);
 	char		specs[RL_MAX_TARGETS][RL_TARGET_SPEC_LEN];
@@ -518,37 +517,18 @@ worker_cycle(void)
 	if (njobs == 0)
 		return Max(1, (long) ((next_due - now) / 1000));
 
-	/* one pipelined run per target, in soft mode: failures retry next cycle */
-	for (t = 0; t < ntargets; t++)
+	/* one round over all targets, soft: failures are retried next cycle */
+	ops = palloc0(sizeof(RLLockOp) * njobs);
+	for (i = 0; i < njobs; i++)
 	{
-		RLTarget   *target;
-		RLCall	   *calls;
-		int			ncalls = 0;
+		Job		   *j = &jobs[i];
 
-		for (i = 0; i < njobs; i++)
-			if (jobs[i].target == t)
-				ncalls++;
-		if (ncalls == 0)
-			continue;
-		target = rl_target_from_spec(specs[t]);
-		calls = palloc0(sizeof(RLCall) * ncalls * rl_target_max_nodes(target));
-		ncalls = 0;
-		for (i = 0; i < njobs; i++)
-		{
-			Job		   *j = &jobs[i];
-			RLConn	   *conns[64];
-
-			if (j->target != t)
-				continue;
-			(void) rl_target_nodes(target, j->names.key, j->names.keylen, conns, false);
-			j->call = &calls[ncalls++];
-			if (j->kind == JOB_RENEW)
-				rl_call_extend(j->call, conns[0], &j->names, j->lease_ms);
-			else
-				rl_call_release(j->call, conns[0], &j->names);
-		}
-		rl_script_run(target, calls, ncalls, RL_RUN_SOFT);
+		ops[i].kind = j->kind == JOB_RENEW ? RL_OP_EXTEND : RL_OP_RELEASE;
+		ops[i].target = rl_target_from_spec(specs[j->target]);
+		ops[i].names = &j->names;
+		ops[i].lease_ms = j->lease_ms;
 	}
+	rl_lock_ops_run(ops, njobs, true);
 
 	/* apply, unless the slot changed hands meanwhile */
 	now = GetCurrentTimestamp();
@@ -557,8 +537,8 @@ worker_cycle(void)
 	{
 		Job		   *j = &jobs[i];
 		RLSlot	   *s = &shared->slots[j->slot];
-		char	   *err;
-		int			f = rl_parse_flag(j->call, &err);
+		RLLockOp   *op = &ops[i];
+		int			f = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : -1;
 
 		if (s->generation != j->generation || s->state == SLOT_FREE)
 			continue;
@@ -579,7 +559,8 @@ worker_cycle(void)
 			else
 				ereport(LOG,
 						(errmsg("redis_lock watchdog could not renew lock \"%s\": %s",
-								s->name, err)));
+								s->name, op->failure && op->failure->error ?
+								op->failure->error : "no majority answered")));
 		}
 		else if (f >= 0 || now > j->horizon)
 		{
