@@ -66,11 +66,16 @@ static const char *simple_acquire_lua =
 "if string.sub(v, 1, #ARGV[3]) == ARGV[3] then return {0, p, 1} end\n"
 "return {0, p, 0}\n";
 
-/* simple, release.  KEYS: lock, channel.  ARGV: token, publish command. */
+/*
+ * simple, release.  KEYS: lock.  ARGV: token, publish command, channel.
+ * The channel is not a key: declaring it would make this a multi-key
+ * script, which Redis Cluster answers with TRYAGAIN instead of ASK while the
+ * slot migrates.
+ */
 static const char *simple_release_lua =
 "if redis.pcall('get', KEYS[1]) == ARGV[1] then\n"
 "  redis.call('del', KEYS[1])\n"
-"  redis.call(ARGV[2], KEYS[2], '0')\n"
+"  redis.call(ARGV[2], ARGV[3], '0')\n"
 "  return 1\n"
 "end\n"
 "return 0\n";
@@ -107,11 +112,11 @@ static const char *redisson_acquire_lua =
 "end\n"
 "return {0, redis.call('pttl', KEYS[1]), 1}\n";
 
-/* redisson, release.  KEYS: lock, channel.  ARGV: field, publish command. */
+/* redisson, release.  KEYS: lock.  ARGV: field, publish command, channel. */
 static const char *redisson_release_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
 "redis.call('del', KEYS[1])\n"
-"redis.call(ARGV[2], KEYS[2], '0')\n"
+"redis.call(ARGV[2], ARGV[3], '0')\n"
 "return 1\n";
 
 /* redisson, extend / renew (Redisson's watchdog check).  ARGV: field, ms. */
@@ -123,15 +128,15 @@ static const char *redisson_extend_lua =
 "return 0\n";
 
 /*
- * Force release, both layouts.  KEYS: lock, channel.  ARGV: publish
- * command, expected type.  A key of another type is never deleted.
+ * Force release, both layouts.  KEYS: lock.  ARGV: publish command,
+ * expected type, channel.  A key of another type is never deleted.
  */
 static const char *force_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
 "if t == 'none' then return 0 end\n"
 "if t ~= ARGV[2] then return {-1, t} end\n"
 "redis.call('del', KEYS[1])\n"
-"redis.call(ARGV[1], KEYS[2], '0')\n"
+"redis.call(ARGV[1], ARGV[3], '0')\n"
 "return 1\n";
 
 /* Inspect.  KEYS: lock.  Returns {type, pttl, value or hash fields}. */
@@ -554,13 +559,13 @@ rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms
 void
 rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
-	const char *keys[2] = {n->key, n->channel};
-	const char *args[2] = {n->owner, publish_cmd()};
+	const char *keys[1] = {n->key};
+	const char *args[3] = {n->owner, publish_cmd(), n->channel};
 
 	rl_script_call(call, conn,
 				   n->protocol == RL_PROTOCOL_REDISSON ?
 				   RL_SCRIPT_REDISSON_RELEASE : RL_SCRIPT_SIMPLE_RELEASE,
-				   2, keys, 2, args);
+				   1, keys, 3, args);
 }
 
 void
@@ -578,11 +583,12 @@ rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
 void
 rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
-	const char *keys[2] = {n->key, n->channel};
-	const char *args[2] = {publish_cmd(),
-	n->protocol == RL_PROTOCOL_REDISSON ? "hash" : "string"};
+	const char *keys[1] = {n->key};
+	const char *args[3] = {publish_cmd(),
+		n->protocol == RL_PROTOCOL_REDISSON ? "hash" : "string",
+	n->channel};
 
-	rl_script_call(call, conn, RL_SCRIPT_FORCE, 2, keys, 2, args);
+	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 3, args);
 }
 
 void

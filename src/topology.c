@@ -514,7 +514,8 @@ void
 rl_target_run(RLCall *calls, int ncalls, int mode)
 {
 	TimestampTz deadline = 0;
-	int			round;
+	int			redirects = 0;
+	long		pause_ms = 5;
 	int			timeout = rl_command_timeout_ms;
 	int			i;
 
@@ -529,7 +530,8 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 	timeout += extra;
 	rl_run(calls, ncalls, RL_RUN_SOFT, timeout);
 
-	for (round = 0; round < 16; round++)
+	/* redirections are bounded by count, TRYAGAIN only by the deadline */
+	while (redirects < 16)
 	{
 		int		   *redo = NULL;
 		int			nredo = 0;
@@ -550,6 +552,7 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 					m->owner[slot] = (int16) slot_node_index(m, &to, to.host, to.port);
 				c->conn = rl_conn_for(&to, false);
 				c->asking = ask;
+				redirects++;
 			}
 			else if (rl_reply_is_error(c->reply, "TRYAGAIN"))
 			{
@@ -579,7 +582,8 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 		{
 			/* a multi-key script in a slot being migrated: wait a little */
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 10, RL_WAIT_EVENT);
+							 pause_ms, RL_WAIT_EVENT);
+			pause_ms = Min(pause_ms * 2, 50);
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();
 		}

@@ -35,6 +35,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_cluster_port():
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(1000):
+        p = free_port()
+        if p > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 10000))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
     """Poll pred() until true; raise after timeout.  Returns pred's value."""
     deadline = time.monotonic() + timeout
@@ -123,6 +138,63 @@ class Redis:
     def kill(self):
         self.proc.kill()
         self.proc.wait(10)
+
+
+class Sentinel(Redis):
+    """A redis-sentinel watching one master (its config file is rewritten
+    by Sentinel itself, so it lives in the instance's own directory)."""
+
+    def __init__(self, master_port, name="mymaster", quorum=2, down_after_ms=1000):
+        super().__init__()
+        self.conf = os.path.join(self.dir, "sentinel.conf")
+        with open(self.conf, "w") as f:
+            f.write("port %d\nbind 127.0.0.1\ndir %s\n"
+                    "sentinel monitor %s 127.0.0.1 %d %d\n"
+                    "sentinel down-after-milliseconds %s %d\n"
+                    "sentinel failover-timeout %s 4000\n"
+                    "sentinel parallel-syncs %s 1\n"
+                    % (self.port, self.dir, name, master_port, quorum,
+                       name, down_after_ms, name, name))
+
+    def start(self, timeout=10):
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, self.conf, "--sentinel", "--logfile",
+             os.path.join(self.dir, "sentinel.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self._ping(), timeout, what="sentinel on %d" % self.port)
+        return self
+
+    def _ping(self):
+        try:
+            return self.client(socket_timeout=0.5).ping()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            return False
+
+
+def create_cluster(nodes, timeout=30):
+    """Join started cluster-enabled Redis instances into one cluster, masters only."""
+    cmd = ["redis-cli", "--cluster", "create"] + ["127.0.0.1:%d" % n.port for n in nodes] + [
+        "--cluster-replicas", "0", "--cluster-yes"]
+    subprocess.run(cmd, check=True, timeout=timeout, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+    def ok():
+        for n in nodes:
+            info = n.client().execute_command("CLUSTER", "INFO")
+            if isinstance(info, bytes):
+                info = info.decode()
+            if "cluster_state:ok" not in info:
+                return False
+        return True
+    wait_until(ok, timeout, 0.1, what="cluster_state:ok")
+
+
+def cluster_node(**kw):
+    kw.setdefault("port", free_cluster_port())
+    r = Redis(**kw)
+    r.args += ["--cluster-enabled", "yes", "--cluster-config-file",
+               os.path.join(r.dir, "nodes.conf"), "--cluster-node-timeout", "3000"]
+    return r
 
 
 class Postgres:
