@@ -35,6 +35,7 @@
 static HTAB *held = NULL;
 static int	ndoubts = 0;		/* entries with zero holds */
 static MemoryContext work_cxt = NULL;
+static MemoryContext names_cxt = NULL;	/* the entries' key/channel strings */
 
 /* an interrupted wait may have left these subscribed */
 static RLConn *dirty_subs[64];
@@ -47,6 +48,12 @@ static void exit_callback(int code, Datum arg);
  * Entries
  * ----------------------------------------------------------------
  */
+static bool callbacks_registered = false;
+
+/* dynahash never gives memory back: rebuild the table when it empties */
+#define SHRINK_THRESHOLD 1024
+static long held_peak = 0;
+
 static void
 ensure_table(void)
 {
@@ -58,16 +65,37 @@ ensure_table(void)
 	ctl.keysize = RL_MAX_NAME_LEN + 1;
 	ctl.entrysize = sizeof(RLHeld);
 	ctl.hcxt = TopMemoryContext;
-	work_cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock work",
-									 ALLOCSET_SMALL_SIZES);
 	held = hash_create("redis_lock held locks", 64, &ctl,
 #if PG_VERSION_NUM >= 140000
 					   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 #else
 					   HASH_ELEM | HASH_CONTEXT);
 #endif
-	RegisterXactCallback(xact_callback, NULL);
-	before_shmem_exit(exit_callback, (Datum) 0);
+	held_peak = 0;
+	if (!callbacks_registered)
+	{
+		work_cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock work",
+										 ALLOCSET_SMALL_SIZES);
+		names_cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock names",
+										  ALLOCSET_DEFAULT_SIZES);
+		RegisterXactCallback(xact_callback, NULL);
+		before_shmem_exit(exit_callback, (Datum) 0);
+		callbacks_registered = true;
+	}
+}
+
+/* Call only outside sequential scans of the table */
+static void
+maybe_shrink(void)
+{
+	if (held != NULL && held_peak > SHRINK_THRESHOLD &&
+		hash_get_num_entries(held) == 0)
+	{
+		hash_destroy(held);
+		held = NULL;
+		MemoryContextReset(names_cxt);
+		ensure_table();
+	}
 }
 
 void
@@ -98,7 +126,7 @@ entry_create(const char *name)
 
 	memset(&names, 0, sizeof(names));
 	rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
-				   TopMemoryContext);
+				   names_cxt);
 	PG_TRY();
 	{
 		rl_new_owner(names.protocol, names.owner);
@@ -111,6 +139,7 @@ entry_create(const char *name)
 	}
 	PG_END_TRY();
 	Assert(!found);
+	held_peak = Max(held_peak, hash_get_num_entries(held));
 	memset(((char *) e) + offsetof(RLHeld, target), 0,
 		   sizeof(RLHeld) - offsetof(RLHeld, target));
 	e->target = rl_current_target();
@@ -925,6 +954,7 @@ rl_release_all_session(void)
 	}
 	if (unknown >= 0)
 		raise_undecided("release", ents[unknown]->name, &ops[unknown]);
+	maybe_shrink();
 	return count;
 }
 
@@ -1086,6 +1116,7 @@ end_of_xact(void)
 		clean_dirty_subs();
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
+	maybe_shrink();
 }
 
 static void
