@@ -775,6 +775,7 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		int			ready_idx[RL_WES_MAXSOCK];
 		uint32		ready_ev[RL_WES_MAXSOCK];
 		int			nsock = 0;
+		int			npending = 0;
 		int			nready;
 		long		wait_ms;
 
@@ -785,7 +786,21 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 			uint32		ev;
 
 			if (run_done(rc))
+			{
+				/*
+				 * Keep finished sockets in the set: the set then stays the
+				 * same for the whole run (and across runs on the same
+				 * nodes), instead of a new epoll instance every time one
+				 * of several masters answers.
+				 */
+				if (!rc->failed && rc->conn->ctx != NULL && nsock < RL_WES_MAXSOCK)
+				{
+					fds[nsock] = rc->conn->ctx->fd;
+					events[nsock] = WL_SOCKET_READABLE;
+					map[nsock++] = i;
+				}
 				continue;
+			}
 			if (rc->connecting)
 			{
 				if (now >= rc->connect_deadline)
@@ -817,8 +832,9 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 			events[nsock] = ev;
 			map[nsock] = i;
 			nsock++;
+			npending++;
 		}
-		if (nsock == 0)
+		if (npending == 0)
 			break;
 
 		wait_ms = LONG_MAX;
@@ -827,7 +843,8 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 			RunConn    *rc = &runs[map[i]];
 			TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
 
-			wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
+			if (!run_done(rc))
+				wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
 		}
 		if (wait_ms < 1)
 			wait_ms = 1;
@@ -836,8 +853,9 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		if (nready < 0)
 		{
 			for (i = 0; i < nsock; i++)
-				run_fail(&runs[map[i]], ERRCODE_CONNECTION_FAILURE,
-						 pstrdup("postmaster exited"));
+				if (!run_done(&runs[map[i]]))
+					run_fail(&runs[map[i]], ERRCODE_CONNECTION_FAILURE,
+							 pstrdup("postmaster exited"));
 			break;
 		}
 		now = GetCurrentTimestamp();
@@ -847,6 +865,12 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 
 			if (rc->failed)
 				continue;
+			if (run_done(rc))
+			{
+				/* data or EOF nobody asked for: its state is unknown */
+				rl_conn_close(rc->conn);
+				continue;
+			}
 			if (rc->connecting)
 			{
 				finish_connect(rc);
