@@ -1,10 +1,11 @@
 """Redis failing under a session: unknown outcomes, dead connections, restarts."""
+import os
 import time
 
 import psycopg2
 import pytest
 
-from conftest import Session
+from conftest import Session, wait_for_wait_event
 import testbed
 
 
@@ -82,4 +83,116 @@ def test_redis_down_gives_clear_errors_and_no_hang(own_redis, own_pg):
     assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
     own_redis.start()
     assert s.run("SELECT redis_lock_acquire('back') > 0")
+    s.close()
+
+
+def test_redis_stopped_while_sessions_hold_and_wait(own_redis, own_pg):
+    a, b, admin = Session(own_pg), Session(own_pg), Session(own_pg)
+    assert a.run("SELECT redis_lock_acquire('hold', ttl => '60s') > 0")
+    b.start("SELECT redis_lock_acquire('hold', wait => '30s')")
+    wait_for_wait_event(admin.conn, b.pid)
+    own_redis.stop()
+    stopped = time.monotonic()
+    b.join(10)
+    # the waiter's subscription broke: it retried, found no Redis, and says so
+    assert isinstance(b.error, psycopg2.OperationalError)
+    assert b.error.pgcode in ("08001", "08006")
+    assert b.finished_at - stopped < 1.0
+    t0 = time.monotonic()
+    with pytest.raises(psycopg2.OperationalError):
+        a.run("SELECT redis_lock_release('hold')")
+    assert time.monotonic() - t0 < 1.0
+    assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+    assert "terminated by signal" not in own_pg.log_text()
+    for s in (a, b, admin):
+        s.close()
+
+
+def test_oom_under_maxmemory(own_redis, own_pg):
+    rc = own_redis.client()
+    s = Session(own_pg)
+    rc.set("ballast", "x" * (4 << 20))
+    rc.config_set("maxmemory-policy", "noeviction")
+    rc.config_set("maxmemory", "1mb")
+    try:
+        with pytest.raises(psycopg2.Error) as ei:
+            s.run("SELECT redis_lock_acquire('oom')")
+        assert ei.value.pgcode == "53000"
+        assert "OOM" in str(ei.value)
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+    finally:
+        rc.config_set("maxmemory", "0")
+    assert rc.exists("oom") == 0
+    assert s.run("SELECT redis_lock_acquire('oom') > 0")
+    s.close()
+
+
+def test_readonly_replica(own_redis, own_pg):
+    replica = testbed.Redis().start()
+    try:
+        replica.client().execute_command("REPLICAOF", "127.0.0.1", own_redis.port)
+        testbed.wait_until(lambda: replica.client().info("replication").get(
+            "master_link_status") == "up", 15, 0.05, what="replica")
+        s = Session(own_pg)
+        s.run("SELECT set_config('redis_lock.url', %s, false)", (replica.url,))
+        with pytest.raises(psycopg2.OperationalError) as ei:
+            s.run("SELECT redis_lock_acquire('ro')")
+        assert ei.value.pgcode == "08006" and "READONLY" in str(ei.value)
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        s.close()
+    finally:
+        replica.stop()
+
+
+def test_script_error_after_a_write_is_cleaned_up(own_redis, own_pg):
+    """A Lua error after SET already ran is not rolled back by Redis: the
+    grant is a doubt, never counted as held, and deleted at the next call."""
+    rc = own_redis.client()
+    s = Session(own_pg)
+    assert s.run("SELECT redis_lock_acquire('scripted') > 0")
+    s.run("SELECT redis_lock_release('scripted')")
+    fence_key, = rc.keys("redis_lock:fence:*")
+    rc.set(fence_key, "not-a-number")            # INCR will fail after SET
+    with pytest.raises(psycopg2.Error) as ei:
+        s.run("SELECT redis_lock_acquire('scripted')")
+    assert ei.value.pgcode == "38000"
+    assert "not an integer" in str(ei.value)
+    assert rc.get("scripted").startswith(b"pgrl:")    # SET did happen ...
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 0   # ... not believed
+    assert rc.exists("scripted") == 0                  # and settled by that call
+    rc.delete(fence_key)
+    assert s.run("SELECT redis_lock_acquire('scripted') > 0")
+    s.close()
+
+
+def test_foreign_set_key_is_wrong_type(own_redis, own_pg):
+    rc = own_redis.client()
+    s = Session(own_pg)
+    rc.sadd("a-set", "member")
+    with pytest.raises(psycopg2.errors.WrongObjectType) as ei:
+        s.run("SELECT redis_lock_acquire('a-set')")
+    assert 'Redis key "a-set" holds a set' in str(ei.value)
+    assert rc.smembers("a-set") == {b"member"}
+    s.close()
+
+
+def test_no_connection_or_descriptor_leak_after_failures(own_redis, own_pg):
+    rc = own_redis.client()
+    s = Session(own_pg)
+    s.run("SET redis_lock.connect_timeout = '200ms'")
+    assert s.run("SELECT redis_lock_acquire('fd') > 0")
+    s.run("SELECT redis_lock_release('fd')")
+    fds = len(os.listdir("/proc/%d/fd" % s.pid))
+    own_redis.stop()
+    for _ in range(30):
+        with pytest.raises(psycopg2.OperationalError):
+            s.run("SELECT redis_lock_try_acquire('fd')")
+    own_redis.start()
+    rc = own_redis.client()
+    for _ in range(30):
+        assert s.run("SELECT redis_lock_acquire('fd') > 0")
+        assert s.run("SELECT redis_lock_release('fd')")
+    assert len(os.listdir("/proc/%d/fd" % s.pid)) <= fds
+    mine = [c for c in rc.client_list() if c["name"].startswith("redis_lock:%d" % s.pid)]
+    assert len(mine) == 1
     s.close()

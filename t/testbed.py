@@ -9,6 +9,7 @@ Library use (pytest fixtures in conftest.py) or command line:
     python3 t/testbed.py up DIR      # Redis + preloaded PostgreSQL; writes DIR/env
     python3 t/testbed.py down DIR
 """
+import atexit
 import os
 import pwd
 import shutil
@@ -26,6 +27,22 @@ import redis
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 RLTEST_USER = os.environ.get("RLTEST_USER", "rltest")
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+# Everything started here is stopped when the interpreter exits, also when a
+# fixture failed half-way through its setup and never reached its teardown.
+_started = []
+
+
+def _stop_everything():
+    for srv in reversed(_started):
+        try:
+            srv.cleanup() if isinstance(srv, Postgres) else srv.stop()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+atexit.register(_stop_everything)
 
 
 def free_port():
@@ -86,6 +103,8 @@ class Redis:
             cmd += ["--requirepass", self.password]
         cmd += self.args
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self not in _started:
+            _started.append(self)
 
         def up():
             if self.proc.poll() is not None:
@@ -161,6 +180,8 @@ class Sentinel(Redis):
             [REDIS_SERVER, self.conf, "--sentinel", "--logfile",
              os.path.join(self.dir, "sentinel.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self not in _started:
+            _started.append(self)
         wait_until(lambda: self._ping(), timeout, what="sentinel on %d" % self.port)
         return self
 
@@ -211,8 +232,15 @@ class Postgres:
             pw = pwd.getpwnam(RLTEST_USER)
             os.chown(self.base, pw.pw_uid, pw.pw_gid)
 
-    def _run(self, cmd, timeout=120, check=True):
-        return subprocess.run(_as_pg_user(cmd), check=check, timeout=timeout,
+    def _run(self, cmd, timeout=120, check=True, server=False):
+        env = None
+        if server and os.environ.get("RL_SERVER_ENV"):
+            # extra environment for the server processes only (scripts/asan-check)
+            env = dict(os.environ)
+            for item in os.environ["RL_SERVER_ENV"].split():
+                k, v = item.split("=", 1)
+                env[k] = v
+        return subprocess.run(_as_pg_user(cmd), check=check, timeout=timeout, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def init(self):
@@ -239,7 +267,10 @@ class Postgres:
                 f.write("%s = '%s'\n" % (k.replace("__", "."), v))
 
     def start(self):
-        self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"])
+        if self not in _started:
+            _started.append(self)
+        self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"],
+                  server=True)
         return self
 
     def stop(self, mode="fast"):
@@ -249,7 +280,7 @@ class Postgres:
 
     def restart(self):
         self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60",
-                   "-m", "fast", "restart"])
+                   "-m", "fast", "restart"], server=True)
 
     def reload(self):
         self._run([PGBIN + "/pg_ctl", "-D", self.data, "reload"])
@@ -360,6 +391,7 @@ def _cli(argv):
                     "PGUSER=postgres\nRL_PG_DATA=%s\nRL_PG_BASE=%s\n"
                     % (r.port, r.proc.pid, pg.port, pg.data, pg.base))
         print(open(envfile).read(), end="")
+        _started.clear()        # they outlive this command: "down" stops them
     else:
         env = dict(line.strip().split("=", 1) for line in open(envfile) if "=" in line)
         subprocess.run(_as_pg_user([PGBIN + "/pg_ctl", "-D", env["RL_PG_DATA"], "-m",
