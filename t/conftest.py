@@ -65,7 +65,7 @@ class Session:
         return self
 
     def join(self, timeout=30):
-        self.thread.join(timeout)
+        self.thread.join(timeout * testbed.TIME_SCALE)
         assert not self.thread.is_alive(), "statement did not finish in %ss" % timeout
         return self
 

@@ -26,6 +26,8 @@ import redis
 
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 RLTEST_USER = os.environ.get("RLTEST_USER", "rltest")
+# stretch time limits when the servers run slowed down (scripts/memcheck)
+TIME_SCALE = float(os.environ.get("RL_TIME_SCALE", "1"))
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
@@ -69,7 +71,7 @@ def free_cluster_port():
 
 def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
     """Poll pred() until true; raise after timeout.  Returns pred's value."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * TIME_SCALE
     while True:
         v = pred()
         if v:
@@ -266,11 +268,18 @@ class Postgres:
             for k, v in kw.items():
                 f.write("%s = '%s'\n" % (k.replace("__", "."), v))
 
+    def _ctl(self, *args):
+        """pg_ctl with our server binary (RL_POSTGRES_BIN: e.g. under valgrind)."""
+        cmd = [PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w",
+               "-t", str(int(60 * TIME_SCALE))]
+        if os.environ.get("RL_POSTGRES_BIN"):
+            cmd += ["-p", os.environ["RL_POSTGRES_BIN"]]
+        return self._run(cmd + list(args), server=True, timeout=120 * TIME_SCALE)
+
     def start(self):
         if self not in _started:
             _started.append(self)
-        self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"],
-                  server=True)
+        self._ctl("start")
         return self
 
     def stop(self, mode="fast"):
@@ -279,15 +288,14 @@ class Postgres:
                       check=False)
 
     def restart(self):
-        self._run([PGBIN + "/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60",
-                   "-m", "fast", "restart"], server=True)
+        self._ctl("-m", "fast", "restart")
 
     def reload(self):
         self._run([PGBIN + "/pg_ctl", "-D", self.data, "reload"])
 
     def connect(self, dbname="postgres", autocommit=True, user="postgres", **kw):
         c = psycopg2.connect(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
-                             connect_timeout=10, **kw)
+                             connect_timeout=int(10 * TIME_SCALE), **kw)
         c.autocommit = autocommit
         return c
 
