@@ -420,15 +420,7 @@ redis_lock_status(PG_FUNCTION_ARGS)
 	rl_lock_ops_run(&op, 1, false);
 	quorum = rl_target_quorum(op.target);
 	if (!RL_OP_YES(&op))
-	{
-		if (op.failure->error != NULL)
-			rl_raise_call_error(op.failure);
-		ereport(ERROR,
-				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
-				 errmsg("could not inspect Redis lock \"%s\": %s", name,
-						op.failure->reply && op.failure->reply->str ?
-						op.failure->reply->str : "unexpected reply")));
-	}
+		rl_raise_undecided("inspect", name, &op);
 	for (i = 0; i < op.nodes; i++)
 	{
 		RLReply    *r = op.calls[i].reply;
@@ -510,15 +502,7 @@ redis_lock_force_release(PG_FUNCTION_ARGS)
 						names.key, op.wrongtype, rl_protocol_name(names.protocol)),
 				 errhint("Nothing was deleted.  Check redis_lock.protocol.")));
 	if (op.failed > 0 && op.yes == 0)
-	{
-		if (op.failure->error != NULL)
-			rl_raise_call_error(op.failure);
-		ereport(ERROR,
-				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
-				 errmsg("could not force-release Redis lock \"%s\": %s", name,
-						op.failure->reply && op.failure->reply->str ?
-						op.failure->reply->str : "unexpected reply")));
-	}
+		rl_raise_undecided("force-release", name, &op);
 	if (e != NULL)
 		rl_forget(name);
 	PG_RETURN_BOOL(op.yes > 0);

@@ -350,8 +350,8 @@ op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
 }
 
 /* Raise for an op whose outcome no majority decided */
-static void
-raise_undecided(const char *verb, const char *name, RLLockOp *op)
+void
+rl_raise_undecided(const char *verb, const char *name, RLLockOp *op)
 {
 	if (op->nodes > 1)
 		ereport(ERROR,
@@ -364,6 +364,7 @@ raise_undecided(const char *verb, const char *name, RLLockOp *op)
 	if (op->failure->error != NULL)
 		rl_raise_call_error(op->failure);
 	report_call(ERROR, verb, name, op->failure);
+	pg_unreachable();
 }
 
 #define RELEASE_UNKNOWN (-1)
@@ -682,7 +683,7 @@ verify_and_refresh(RLHeld *e, int64 lease_ms)
 	if (RL_OP_YES(&op))
 		return true;
 	if (!RL_OP_NO(&op))
-		raise_undecided("verify", e->name, &op);
+		rl_raise_undecided("verify", e->name, &op);
 	return false;
 }
 
@@ -799,7 +800,7 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 			break;
 		case ACQ_UNDECIDED:
 			rl_stats_add(RL_STAT_FAILED, 1);
-			raise_undecided("acquire", namecopy, &op);
+			rl_raise_undecided("acquire", namecopy, &op);
 			break;
 		default:
 			rl_stats_add(RL_STAT_TIMED_OUT, 1);
@@ -857,7 +858,7 @@ rl_release(const char *name)
 	}
 	op = release_entries(&e, 1, false, &result);
 	if (result == RELEASE_UNKNOWN)
-		raise_undecided("release", name, op);
+		rl_raise_undecided("release", name, op);
 	if (result == 0)
 	{
 		mark_lost(e);
@@ -894,29 +895,33 @@ rl_release_one_error_safe(const char *name)
 	release_soft(&e, 1, all_loud(1));
 }
 
-int
-rl_release_all_session(void)
+/*
+ * Drop every hold of one scope.  Entries still held in the other scope only
+ * have their registry slot updated; entries now free go to *out for a
+ * release round trip, except known-lost ones, which are forgotten at once.
+ * Returns how many entries had holds of that scope.  out has room for the
+ * whole table, in the current memory context.
+ */
+static int
+drop_scope(RLScope scope, RLHeld ***out, int *nout)
 {
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
-	RLHeld	  **ents;
-	RLLockOp   *ops;
-	int			n = 0;
 	int			count = 0;
-	int		   *results;
-	int			i;
-	int			unknown = -1;
 
-	rl_safe_point();
-	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
+	*nout = 0;
+	*out = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (e->session_holds == 0)
+		int		   *mine = scope == RL_SCOPE_XACT ? &e->xact_holds : &e->session_holds;
+		int			other = scope == RL_SCOPE_XACT ? e->session_holds : e->xact_holds;
+
+		if (*mine == 0)
 			continue;
 		count++;
-		e->session_holds = 0;
-		if (e->xact_holds > 0)
+		*mine = 0;
+		if (other > 0)
 		{
 			rl_registry_update(e, false);
 			continue;
@@ -924,15 +929,30 @@ rl_release_all_session(void)
 		became_doubt(e);
 		if (e->lost)
 		{
-			/* known gone: no round trip (removing the current entry of a
-			 * sequential scan is allowed) */
+			/* nothing of ours left to delete: no round trip (removing the
+			 * current entry of a sequential scan is allowed) */
 			warn_lost(e);
 			entry_remove(e);
 			continue;
 		}
-		ents[n++] = e;
+		(*out)[(*nout)++] = e;
 	}
+	return count;
+}
 
+int
+rl_release_all_session(void)
+{
+	RLHeld	  **ents;
+	RLLockOp   *ops;
+	int			n;
+	int			count;
+	int		   *results;
+	int			i;
+	int			unknown = -1;
+
+	rl_safe_point();
+	count = drop_scope(RL_SCOPE_SESSION, &ents, &n);
 	results = palloc(sizeof(int) * Max(n, 1));
 	ops = release_entries(ents, n, true, results);
 	for (i = 0; i < n; i++)
@@ -953,7 +973,7 @@ rl_release_all_session(void)
 		entry_remove(ents[i]);
 	}
 	if (unknown >= 0)
-		raise_undecided("release", ents[unknown]->name, &ops[unknown]);
+		rl_raise_undecided("release", ents[unknown]->name, &ops[unknown]);
 	maybe_shrink();
 	return count;
 }
@@ -1053,7 +1073,7 @@ verify_xact_locks(void)
 	{
 		e = ents[i];
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
-			raise_undecided("verify", e->name, &ops[i]);
+			rl_raise_undecided("verify", e->name, &ops[i]);
 		if (RL_OP_NO(&ops[i]) || e->lost)
 		{
 			mark_lost(e);
@@ -1074,37 +1094,14 @@ verify_xact_locks(void)
 static void
 end_of_xact(void)
 {
-	HASH_SEQ_STATUS seq;
-	RLHeld	   *e;
 	RLHeld	  **ents;
-	int			n = 0;
+	int			n;
 	MemoryContext old;
 
 	if (held == NULL)
 		return;
 	old = MemoryContextSwitchTo(work_cxt);
-	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
-	hash_seq_init(&seq, held);
-	while ((e = hash_seq_search(&seq)) != NULL)
-	{
-		if (e->xact_holds == 0)
-			continue;
-		e->xact_holds = 0;
-		if (e->session_holds > 0)
-		{
-			rl_registry_update(e, false);
-			continue;
-		}
-		became_doubt(e);
-		if (e->lost)
-		{
-			/* nothing of ours left to delete */
-			warn_lost(e);
-			entry_remove(e);
-			continue;
-		}
-		ents[n++] = e;
-	}
+	(void) drop_scope(RL_SCOPE_XACT, &ents, &n);
 
 	/*
 	 * Older doubts wait for the next redis_lock call: the failure that made

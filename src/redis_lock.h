@@ -373,6 +373,8 @@ extern void rl_safe_point(void);
 extern void rl_locktable_init(void);
 extern int	rl_held_snapshot(RLHeld **out);
 extern void rl_release_one_error_safe(const char *name);
+extern void rl_raise_undecided(const char *verb, const char *name, RLLockOp *op)
+			pg_attribute_noreturn();
 
 /* counters exported by redis_lock_stats() */
 typedef struct RLStats
