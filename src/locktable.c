@@ -98,12 +98,6 @@ maybe_shrink(void)
 	}
 }
 
-void
-rl_locktable_init(void)
-{
-	/* nothing until first use: a backend that never locks pays nothing */
-}
-
 static void
 free_names(RLLockNames *n)
 {

@@ -144,10 +144,7 @@ extern void rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 extern void rl_call_arg(RLCall *call, const char *arg, size_t len);
 extern void rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms);
 extern void rl_raise_call_error(RLCall *call) pg_attribute_noreturn();
-extern RLReply *rl_command(RLConn *conn, int argc, const char **argv,
-						   const size_t *argvlen);
 extern void rl_close_all(void);
-extern uint64 rl_reconnect_count(void);
 
 /* pub/sub on a subscriber connection */
 extern void rl_subscribe(RLConn **subs, int n, const char *cmd,
@@ -370,7 +367,6 @@ extern bool rl_extend(const char *name, int64 ttl_ms);
 extern RLHeld *rl_lookup(const char *name);
 extern void rl_forget(const char *name);
 extern void rl_safe_point(void);
-extern void rl_locktable_init(void);
 extern int	rl_held_snapshot(RLHeld **out);
 extern void rl_release_one_error_safe(const char *name);
 extern void rl_raise_undecided(const char *verb, const char *name, RLLockOp *op)

@@ -44,7 +44,6 @@ struct RLConn
 };
 
 static RLConn *conn_list = NULL;
-static uint64 reconnects = 0;
 
 /* Per-run state of one connection */
 typedef struct RunConn
@@ -314,12 +313,6 @@ rl_close_all(void)
 		rl_conn_close(c);
 }
 
-uint64
-rl_reconnect_count(void)
-{
-	return reconnects;
-}
-
 static void
 run_fail(RunConn *rc, int errcode, char *msg)
 {
@@ -378,7 +371,6 @@ start_connect(RunConn *rc, TimestampTz now)
 	wes_invalidate();
 	if (conn->ever_connected)
 	{
-		reconnects++;
 		rl_stats_add(RL_STAT_RECONNECTS, 1);
 	}
 	conn->ever_connected = true;
@@ -968,18 +960,6 @@ rl_call_arg(RLCall *call, const char *arg, size_t len)
 	call->argv[call->argc] = arg;
 	call->argvlen[call->argc] = len;
 	call->argc++;
-}
-
-/* One command, one connection, hard mode: the reply or an ERROR */
-RLReply *
-rl_command(RLConn *conn, int argc, const char **argv, const size_t *argvlen)
-{
-	RLCall		call;
-
-	memset(&call, 0, sizeof(call));
-	rl_call_set(&call, conn, argc, argv, argvlen);
-	rl_run(&call, 1, RL_RUN_HARD, rl_command_timeout_ms);
-	return call.reply;
 }
 
 /* ----------------------------------------------------------------
