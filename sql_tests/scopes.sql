@@ -59,6 +59,48 @@ SELECT redis_lock_release_all();
 SELECT lock_name, scope FROM redis_lock_held();
 COMMIT;
 
+-- ROLLBACK TO SAVEPOINT drops the transaction holds taken since the
+-- savepoint (like pg_advisory_xact_lock); RELEASE SAVEPOINT keeps them
+BEGIN;
+SELECT redis_lock_acquire('sp_outer', xact => true) > 0 AS got;
+SAVEPOINT a;
+SELECT redis_lock_acquire('sp_inner', xact => true) > 0 AS got;
+SELECT redis_lock_acquire('sp_outer', xact => true) > 0 AS reentrant;
+SELECT redis_lock_acquire('sp_mixed', xact => true) > 0 AND redis_lock_acquire('sp_mixed') > 0 AS both;
+ROLLBACK TO SAVEPOINT a;
+SELECT lock_name, scope, hold_count FROM redis_lock_held() ORDER BY 1, 2;
+\! echo "after ROLLBACK TO: $(redis-cli -p $RL_REDIS_PORT exists sp_outer) $(redis-cli -p $RL_REDIS_PORT exists sp_inner) $(redis-cli -p $RL_REDIS_PORT exists sp_mixed)"
+-- nested: a released inner savepoint's holds belong to the outer one
+SAVEPOINT b;
+SAVEPOINT c;
+SELECT redis_lock_acquire('sp_nested', xact => true) > 0 AS got;
+RELEASE SAVEPOINT c;
+SAVEPOINT d;
+ROLLBACK TO SAVEPOINT d;
+SELECT lock_name FROM redis_lock_held() WHERE lock_name = 'sp_nested';
+ROLLBACK TO SAVEPOINT b;
+\! echo "after ROLLBACK TO b: $(redis-cli -p $RL_REDIS_PORT exists sp_nested)"
+SAVEPOINT e;
+SELECT redis_lock_acquire('sp_kept', xact => true) > 0 AS got;
+RELEASE SAVEPOINT e;
+COMMIT;
+\! echo "after COMMIT: $(redis-cli -p $RL_REDIS_PORT exists sp_outer sp_kept sp_mixed)"
+SELECT redis_lock_release('sp_mixed');
+
+-- a PL/pgSQL exception block is a subtransaction too
+DO $$
+BEGIN
+  BEGIN
+    PERFORM redis_lock_acquire('sp_block', xact => true);
+    RAISE EXCEPTION 'fail inside the block';
+  EXCEPTION WHEN raise_exception THEN
+    RAISE NOTICE 'held after the failed block: %',
+      (SELECT count(*) FROM redis_lock_held() WHERE lock_name = 'sp_block');
+  END;
+END
+$$;
+\! echo "after the block: $(redis-cli -p $RL_REDIS_PORT exists sp_block)"
+
 -- PREPARE TRANSACTION with a transaction-scoped lock is refused (0A000)
 BEGIN;
 SELECT redis_lock_acquire('prep', xact => true) > 0 AS got;

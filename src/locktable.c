@@ -42,7 +42,29 @@ static RLConn *dirty_subs[64];
 static int	ndirty_subs = 0;
 
 static void xact_callback(XactEvent event, void *arg);
+static void subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+							 SubTransactionId parentSubid, void *arg);
 static void exit_callback(int code, Datum arg);
+
+/*
+ * Transaction-scoped holds in the order taken, each tagged with the
+ * subtransaction that owns it, so that ROLLBACK TO SAVEPOINT drops the holds
+ * taken since the savepoint, as it does for pg_advisory_xact_lock.  The holds
+ * of the current subtransaction are always the tail.  Names, not entry
+ * pointers: an entry can be removed and its memory reused while a record of
+ * it remains (a lock found lost and taken anew); a record whose entry has no
+ * transaction hold left is skipped.
+ */
+typedef struct XactHold
+{
+	SubTransactionId subid;
+	char	   *name;
+} XactHold;
+
+static XactHold *xact_log = NULL;
+static int	xact_log_len = 0;
+static int	xact_log_cap = 0;
+static MemoryContext xact_log_cxt = NULL;	/* reset at transaction end */
 
 /* ----------------------------------------------------------------
  * Entries
@@ -78,7 +100,11 @@ ensure_table(void)
 										 ALLOCSET_SMALL_SIZES);
 		names_cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock names",
 										  ALLOCSET_DEFAULT_SIZES);
+		xact_log_cxt = AllocSetContextCreate(TopMemoryContext,
+											 "redis_lock transaction holds",
+											 ALLOCSET_SMALL_SIZES);
 		RegisterXactCallback(xact_callback, NULL);
+		RegisterSubXactCallback(subxact_callback, NULL);
 		before_shmem_exit(exit_callback, (Datum) 0);
 		callbacks_registered = true;
 	}
@@ -154,9 +180,39 @@ entry_remove(RLHeld *e)
 	hash_search(held, e->name, HASH_REMOVE, NULL);
 }
 
+/* Record a transaction hold on name for the current subtransaction */
+static void
+xact_log_push(const char *name)
+{
+	MemoryContext old = MemoryContextSwitchTo(xact_log_cxt);
+
+	if (xact_log_len == xact_log_cap)
+	{
+		xact_log_cap = Max(16, xact_log_cap * 2);
+		xact_log = xact_log == NULL ? palloc(sizeof(XactHold) * xact_log_cap) :
+			repalloc(xact_log, sizeof(XactHold) * xact_log_cap);
+	}
+	xact_log[xact_log_len].subid = GetCurrentSubTransactionId();
+	xact_log[xact_log_len].name = pstrdup(name);
+	xact_log_len++;
+	MemoryContextSwitchTo(old);
+}
+
+static void
+xact_log_reset(void)
+{
+	xact_log = NULL;
+	xact_log_len = xact_log_cap = 0;
+	if (xact_log_cxt != NULL)
+		MemoryContextReset(xact_log_cxt);
+}
+
 static void
 add_hold(RLHeld *e, RLScope scope)
 {
+	/* recorded first: if that fails, nothing was counted */
+	if (scope == RL_SCOPE_XACT)
+		xact_log_push(e->name);
 	if (RL_HOLDS(e) == 0)
 		ndoubts--;				/* leaves the doubt set */
 	if (scope == RL_SCOPE_XACT)
@@ -890,11 +946,38 @@ rl_release_one_error_safe(const char *name)
 }
 
 /*
- * Drop every hold of one scope.  Entries still held in the other scope only
- * have their registry slot updated; entries now free go to *out for a
- * release round trip, except known-lost ones, which are forgotten at once.
- * Returns how many entries had holds of that scope.  out has room for the
- * whole table, in the current memory context.
+ * Take k holds of one scope from e.  If it is still held it only has its
+ * registry slot updated; if it is now free it goes to out for a release
+ * round trip, unless it is known lost: then it is forgotten at once, there is
+ * nothing of ours left to delete (removing the current entry of a sequential
+ * scan of the table is allowed).
+ */
+static void
+drop_holds(RLHeld *e, RLScope scope, int k, RLHeld **out, int *nout)
+{
+	int		   *mine = scope == RL_SCOPE_XACT ? &e->xact_holds : &e->session_holds;
+
+	Assert(k > 0 && k <= *mine);
+	*mine -= k;
+	if (RL_HOLDS(e) > 0)
+	{
+		rl_registry_update(e, false);
+		return;
+	}
+	became_doubt(e);
+	if (e->lost)
+	{
+		warn_lost(e);
+		entry_remove(e);
+		return;
+	}
+	out[(*nout)++] = e;
+}
+
+/*
+ * Drop every hold of one scope (see drop_holds).  Returns how many entries
+ * had holds of that scope.  out has room for the whole table, in the current
+ * memory context.
  */
 static int
 drop_scope(RLScope scope, RLHeld ***out, int *nout)
@@ -908,28 +991,12 @@ drop_scope(RLScope scope, RLHeld ***out, int *nout)
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		int		   *mine = scope == RL_SCOPE_XACT ? &e->xact_holds : &e->session_holds;
-		int			other = scope == RL_SCOPE_XACT ? e->session_holds : e->xact_holds;
+		int			mine = scope == RL_SCOPE_XACT ? e->xact_holds : e->session_holds;
 
-		if (*mine == 0)
+		if (mine == 0)
 			continue;
 		count++;
-		*mine = 0;
-		if (other > 0)
-		{
-			rl_registry_update(e, false);
-			continue;
-		}
-		became_doubt(e);
-		if (e->lost)
-		{
-			/* nothing of ours left to delete: no round trip (removing the
-			 * current entry of a sequential scan is allowed) */
-			warn_lost(e);
-			entry_remove(e);
-			continue;
-		}
-		(*out)[(*nout)++] = e;
+		drop_holds(e, scope, mine, *out, nout);
 	}
 	return count;
 }
@@ -1094,6 +1161,7 @@ end_of_xact(void)
 
 	if (held == NULL)
 		return;
+	xact_log_reset();
 	old = MemoryContextSwitchTo(work_cxt);
 	(void) drop_scope(RL_SCOPE_XACT, &ents, &n);
 
@@ -1129,8 +1197,54 @@ xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 			end_of_xact();
 			break;
+		case XACT_EVENT_PREPARE:
+			xact_log_reset();	/* only records of holds found lost */
+			break;
 		default:
 			break;
+	}
+}
+
+/*
+ * ROLLBACK TO SAVEPOINT (and a failed PL/pgSQL exception block): drop the
+ * transaction holds the subtransaction took and release, in one pipelined
+ * round trip, the locks that are free now.  Interrupts are held here, the
+ * wait is bounded and failures are WARNINGs.  RELEASE SAVEPOINT hands the
+ * holds to the parent.  Nothing to do, and O(1), when no transaction hold
+ * was taken.
+ */
+static void
+subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+				 SubTransactionId parentSubid, void *arg)
+{
+	int			i;
+
+	if (xact_log_len == 0)
+		return;
+	if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		for (i = xact_log_len - 1; i >= 0 && xact_log[i].subid == mySubid; i--)
+			xact_log[i].subid = parentSubid;
+	}
+	else if (event == SUBXACT_EVENT_ABORT_SUB && held != NULL)
+	{
+		RLHeld	  **ents;
+		int			n = 0;
+		MemoryContext old = MemoryContextSwitchTo(work_cxt);
+
+		ents = palloc(sizeof(RLHeld *) * xact_log_len);
+		while (xact_log_len > 0 && xact_log[xact_log_len - 1].subid == mySubid)
+		{
+			XactHold   *h = &xact_log[--xact_log_len];
+			RLHeld	   *e = hash_search(held, h->name, HASH_FIND, NULL);
+
+			pfree(h->name);
+			if (e != NULL && e->xact_holds > 0)
+				drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
+		}
+		release_soft(ents, n, all_loud(n));
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(work_cxt);
 	}
 }
 

@@ -53,6 +53,33 @@ def test_acquire_with_unknown_outcome_is_not_believed_and_is_cleaned_up(own_redi
     s.close()
 
 
+def test_rollback_to_savepoint_with_redis_frozen_warns_and_is_bounded(own_redis, own_pg):
+    """The release at ROLLBACK TO SAVEPOINT runs with interrupts held: it is
+    bounded by the command timeout, warns instead of failing the transaction,
+    and the lock it could not delete is settled at the next call."""
+    rc = own_redis.client()
+    s = Session(own_pg)
+    s.run("SET redis_lock.command_timeout = '300ms'")
+    s.run("BEGIN")
+    s.run("SAVEPOINT a")
+    assert s.run("SELECT redis_lock_acquire('sp-frozen', xact => true, ttl => '60s') > 0")
+    own_redis.pause()
+    try:
+        t0 = time.monotonic()
+        s.run("ROLLBACK TO SAVEPOINT a")
+        assert time.monotonic() - t0 < S * 1.5
+    finally:
+        own_redis.resume()
+    assert any('could not release Redis lock "sp-frozen"' in n for n in s.conn.notices), \
+        s.conn.notices
+    # the transaction goes on, without the lock
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+    s.run("COMMIT")
+    s.run("SELECT redis_lock_held()")     # a safe point: settles the doubt
+    testbed.wait_until(lambda: rc.exists("sp-frozen") == 0, 5, what="sp-frozen released")
+    s.close()
+
+
 def test_redis_restart_reconnects_and_reports_vanished_locks(own_redis, own_pg):
     rc = own_redis.client()
     s = Session(own_pg)
