@@ -522,24 +522,24 @@ put_lock_rows(Tuplestorestate *ts, TupleDesc td, RLLockInfo *l)
 
 	for (scope = 0; scope < 2; scope++)
 	{
-		int			holds = scope == 0 ? l->session_holds : l->xact_holds;
+		int			holds = scope == 0 ? l->st.session_holds : l->st.xact_holds;
 		Datum		values[12];
 		bool		nulls[12] = {0};
 
 		if (holds == 0)
 			continue;
-		values[0] = Int32GetDatum(l->pid);
-		values[1] = ObjectIdGetDatum(l->dbid);
+		values[0] = Int32GetDatum(l->st.pid);
+		values[1] = ObjectIdGetDatum(l->st.dbid);
 		values[2] = CStringGetTextDatum(l->name);
 		values[3] = CStringGetTextDatum(scope == 0 ? "session" : "transaction");
 		values[4] = Int32GetDatum(holds);
-		values[5] = Int64GetDatum(l->fence);
-		values[6] = TimestampTzGetDatum(l->acquired_at);
-		values[7] = TimestampTzGetDatum(l->last_renewed_at);
-		nulls[7] = l->last_renewed_at == 0;
-		values[8] = IntervalPGetDatum(ms_to_interval(l->lease_ms));
-		values[9] = BoolGetDatum(l->watchdog);
-		values[10] = BoolGetDatum(l->lost);
+		values[5] = Int64GetDatum(l->st.fence);
+		values[6] = TimestampTzGetDatum(l->st.acquired_at);
+		values[7] = TimestampTzGetDatum(l->st.last_renewed_at);
+		nulls[7] = l->st.last_renewed_at == 0;
+		values[8] = IntervalPGetDatum(ms_to_interval(l->st.lease_ms));
+		values[9] = BoolGetDatum(l->st.watchdog);
+		values[10] = BoolGetDatum(l->st.lost);
 		values[11] = CStringGetTextDatum(l->key);
 		tuplestore_putvalues(ts, td, values, nulls);
 	}
@@ -571,16 +571,16 @@ redis_lock_all_locks(PG_FUNCTION_ARGS)
 			RLLockInfo *l = &locks[i];
 
 			memset(l, 0, sizeof(*l));
-			l->pid = MyProcPid;
-			l->dbid = MyDatabaseId;
-			l->protocol = ents[i].names.protocol;
-			l->watchdog = ents[i].watchdog;
-			l->lost = ents[i].lost;
-			l->session_holds = ents[i].session_holds;
-			l->xact_holds = ents[i].xact_holds;
-			l->fence = ents[i].fence;
-			l->lease_ms = ents[i].lease_ms;
-			l->acquired_at = ents[i].acquired_at;
+			l->st.pid = MyProcPid;
+			l->st.dbid = MyDatabaseId;
+			l->st.protocol = ents[i].names.protocol;
+			l->st.watchdog = ents[i].watchdog;
+			l->st.lost = ents[i].lost;
+			l->st.session_holds = ents[i].session_holds;
+			l->st.xact_holds = ents[i].xact_holds;
+			l->st.fence = ents[i].fence;
+			l->st.lease_ms = ents[i].lease_ms;
+			l->st.acquired_at = ents[i].acquired_at;
 			l->name = ents[i].name;
 			l->key = ents[i].names.key;
 		}

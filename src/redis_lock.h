@@ -390,8 +390,8 @@ typedef struct RLStats
  * watchdog.c
  * ----------------------------------------------------------------
  */
-/* One row of the redis_lock_locks view */
-typedef struct RLLockInfo
+/* What the shared registry records of one lock, and the view shows */
+typedef struct RLLockState
 {
 	int			pid;
 	Oid			dbid;
@@ -404,6 +404,12 @@ typedef struct RLLockInfo
 	int64		lease_ms;
 	TimestampTz acquired_at;
 	TimestampTz last_renewed_at;
+} RLLockState;
+
+/* One row of the redis_lock_locks view */
+typedef struct RLLockInfo
+{
+	RLLockState st;
 	char	   *name;
 	char	   *key;
 } RLLockInfo;

@@ -50,18 +50,8 @@ typedef struct RLSlot
 {
 	uint32		generation;		/* bumped at every allocation and free */
 	RLSlotState state;
-	int			pid;
-	Oid			dbid;
 	int			target;			/* index into RLShared.targets */
-	RLProtocol	protocol;
-	bool		watchdog;
-	bool		lost;
-	int			session_holds;
-	int			xact_holds;
-	int64		fence;
-	int64		lease_ms;
-	TimestampTz acquired_at;
-	TimestampTz last_renewed_at;
+	RLLockState st;
 	char		name[RL_MAX_NAME_LEN + 1];
 	char		key[RL_MAX_KEY_LEN + 1];
 	char		owner[RL_OWNER_LEN + 1];
@@ -284,16 +274,16 @@ rl_registry_add(RLHeld *e)
 	s = &shared->slots[idx];
 	s->generation++;
 	s->state = SLOT_RESERVED;
-	s->pid = MyProcPid;
-	s->dbid = MyDatabaseId;
+	s->st.pid = MyProcPid;
+	s->st.dbid = MyDatabaseId;
 	s->target = tidx;
-	s->protocol = e->names.protocol;
-	s->watchdog = false;
-	s->lost = false;
-	s->session_holds = s->xact_holds = 0;
-	s->fence = 0;
-	s->lease_ms = e->lease_ms;
-	s->acquired_at = s->last_renewed_at = GetCurrentTimestamp();
+	s->st.protocol = e->names.protocol;
+	s->st.watchdog = false;
+	s->st.lost = false;
+	s->st.session_holds = s->st.xact_holds = 0;
+	s->st.fence = 0;
+	s->st.lease_ms = e->lease_ms;
+	s->st.acquired_at = s->st.last_renewed_at = GetCurrentTimestamp();
 	strlcpy(s->name, e->name, sizeof(s->name));
 	strlcpy(s->key, e->names.key, sizeof(s->key));
 	strlcpy(s->owner, e->names.owner, sizeof(s->owner));
@@ -315,17 +305,17 @@ rl_registry_update(RLHeld *e, bool refreshed)
 	s = &shared->slots[e->registry_slot];
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	if (s->state == SLOT_RESERVED && RL_HOLDS(e) > 0)
-		s->acquired_at = e->acquired_at;
+		s->st.acquired_at = e->acquired_at;
 	s->state = RL_HOLDS(e) > 0 ? SLOT_HELD : SLOT_RESERVED;
-	s->watchdog = e->watchdog;
-	s->lost = s->lost || e->lost;
-	s->session_holds = e->session_holds;
-	s->xact_holds = e->xact_holds;
-	s->fence = e->fence;
-	s->lease_ms = e->lease_ms;
+	s->st.watchdog = e->watchdog;
+	s->st.lost = s->st.lost || e->lost;
+	s->st.session_holds = e->session_holds;
+	s->st.xact_holds = e->xact_holds;
+	s->st.fence = e->fence;
+	s->st.lease_ms = e->lease_ms;
 	strlcpy(s->owner, e->names.owner, sizeof(s->owner));
 	if (refreshed)
-		s->last_renewed_at = GetCurrentTimestamp();
+		s->st.last_renewed_at = GetCurrentTimestamp();
 	LWLockRelease(shared->lock);
 }
 
@@ -340,7 +330,7 @@ rl_registry_remove(RLHeld *e)
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	s->generation++;
 	s->state = SLOT_FREE;
-	s->pid = 0;
+	s->st.pid = 0;
 	freelist[shared->nfree++] = e->registry_slot;
 	LWLockRelease(shared->lock);
 	e->registry_slot = -1;
@@ -366,7 +356,7 @@ rl_registry_lost(RLHeld *e)
 	if (shared == NULL || e->registry_slot < 0)
 		return false;
 	pg_read_barrier();
-	return shared->slots[e->registry_slot].lost;
+	return shared->slots[e->registry_slot].st.lost;
 }
 
 /* Changes whenever the worker marks any lock lost */
@@ -400,17 +390,7 @@ rl_registry_snapshot(RLLockInfo **out, int *n)
 		if (s->state != SLOT_HELD)
 			continue;
 		o = &(*out)[k++];
-		o->pid = s->pid;
-		o->dbid = s->dbid;
-		o->protocol = s->protocol;
-		o->watchdog = s->watchdog;
-		o->lost = s->lost;
-		o->session_holds = s->session_holds;
-		o->xact_holds = s->xact_holds;
-		o->fence = s->fence;
-		o->lease_ms = s->lease_ms;
-		o->acquired_at = s->acquired_at;
-		o->last_renewed_at = s->last_renewed_at;
+		o->st = s->st;
 		o->name = pstrdup(s->name);
 		o->key = pstrdup(s->key);
 	}
@@ -485,14 +465,14 @@ worker_cycle(void)
 
 		if (s->state == SLOT_FREE)
 			continue;
-		j->horizon = TimestampTzPlusMilliseconds(s->last_renewed_at,
-												 s->lease_ms + 2 * rl_command_timeout_ms +
+		j->horizon = TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+												 s->st.lease_ms + 2 * rl_command_timeout_ms +
 												 rl_connect_timeout_ms);
-		if (s->state == SLOT_ORPHAN || !backend_alive(s->pid))
+		if (s->state == SLOT_ORPHAN || !backend_alive(s->st.pid))
 			j->kind = JOB_RELEASE;
-		else if (s->state == SLOT_HELD && s->watchdog && !s->lost)
+		else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost)
 		{
-			due = TimestampTzPlusMilliseconds(s->last_renewed_at, s->lease_ms / 3);
+			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 3);
 			if (due > now)
 			{
 				next_due = Min(next_due, due);
@@ -505,10 +485,10 @@ worker_cycle(void)
 		j->slot = i;
 		j->generation = s->generation;
 		j->target = s->target;
-		j->lease_ms = s->lease_ms;
+		j->lease_ms = s->st.lease_ms;
 		/* the fence counter is not touched by renew or release */
 		memset(&j->names, 0, sizeof(j->names));
-		rl_names_from_key(&j->names, s->protocol, "", s->key, CurrentMemoryContext);
+		rl_names_from_key(&j->names, s->st.protocol, "", s->key, CurrentMemoryContext);
 		strlcpy(j->names.owner, s->owner, sizeof(j->names.owner));
 		njobs++;
 	}
@@ -546,13 +526,13 @@ worker_cycle(void)
 		{
 			if (f == 1)
 			{
-				s->last_renewed_at = now;
+				s->st.last_renewed_at = now;
 				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RENEWALS], 1);
 			}
 			else if (f == 0)
 			{
 				/* token gone or changed: lost for good, never renewed again */
-				s->lost = true;
+				s->st.lost = true;
 				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_LOST], 1);
 				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
 			}
@@ -569,7 +549,7 @@ worker_cycle(void)
 				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RELEASED], 1);
 			s->generation++;
 			s->state = SLOT_FREE;
-			s->pid = 0;
+			s->st.pid = 0;
 			freelist[shared->nfree++] = j->slot;
 		}
 	}
