@@ -101,24 +101,45 @@ wes_invalidate(void)
 	}
 }
 
+/* The sockets of one latch wait, and what came of it */
+typedef struct SockWait
+{
+	int			nsock;
+	pgsocket	fds[RL_WES_MAXSOCK];
+	uint32		events[RL_WES_MAXSOCK];
+	int			owner[RL_WES_MAXSOCK];	/* the caller's index of each socket */
+	int			nready;
+	int			ready[RL_WES_MAXSOCK];	/* owners of the ready sockets */
+	uint32		ready_ev[RL_WES_MAXSOCK];
+} SockWait;
+
+static void
+sock_add(SockWait *sw, pgsocket fd, uint32 events, int owner)
+{
+	if (sw->nsock >= RL_WES_MAXSOCK)
+		elog(ERROR, "redis_lock: too many sockets to wait on");
+	sw->fds[sw->nsock] = fd;
+	sw->events[sw->nsock] = events;
+	sw->owner[sw->nsock++] = owner;
+}
+
 /*
  * Wait until one of the sockets is ready for what it asks, the latch is set
- * or the timeout passes.  Returns the number of ready sockets; their index
- * and readiness go to ready_idx[] / ready_ev[].  The latch is reset and
- * interrupts are checked here (no-op while they are held).
+ * or the timeout passes.  Fills sw->ready / sw->ready_ev and returns
+ * sw->nready; -1 when the postmaster died while we are already exiting.  The
+ * latch is reset and interrupts are checked here (no-op while they are
+ * held).
  */
 static int
-wait_sockets(int nsock, const pgsocket *fds, const uint32 *events,
-			 long timeout_ms, int *ready_idx, uint32 *ready_ev)
+wait_sockets(SockWait *sw, long timeout_ms)
 {
 	CachedWes  *cw = NULL;
 	WaitEvent	occurred[RL_WES_MAXSOCK + 2];
+	int			nsock = sw->nsock;
+	const pgsocket *fds = sw->fds;
+	const uint32 *events = sw->events;
 	int			i;
 	int			n;
-	int			nready = 0;
-
-	if (nsock > RL_WES_MAXSOCK)
-		elog(ERROR, "redis_lock: too many sockets to wait on (%d)", nsock);
 
 	for (i = 0; i < RL_WES_CACHE && cw == NULL; i++)
 	{
@@ -166,6 +187,7 @@ wait_sockets(int nsock, const pgsocket *fds, const uint32 *events,
 	}
 	cw->used = ++wes_clock;
 
+	sw->nready = 0;
 	n = WaitEventSetWait(cw->set, timeout_ms, occurred, lengthof(occurred),
 						 RL_WAIT_EVENT);
 	for (i = 0; i < n; i++)
@@ -184,12 +206,12 @@ wait_sockets(int nsock, const pgsocket *fds, const uint32 *events,
 		}
 		else if (occurred[i].pos >= 2)
 		{
-			ready_idx[nready] = occurred[i].pos - 2;
-			ready_ev[nready] = occurred[i].events;
-			nready++;
+			sw->ready[sw->nready] = sw->owner[occurred[i].pos - 2];
+			sw->ready_ev[sw->nready] = occurred[i].events;
+			sw->nready++;
 		}
 	}
-	return nready;
+	return sw->nready;
 }
 
 /* ----------------------------------------------------------------
@@ -761,16 +783,11 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 
 	for (;;)
 	{
-		pgsocket	fds[RL_WES_MAXSOCK];
-		uint32		events[RL_WES_MAXSOCK];
-		int			map[RL_WES_MAXSOCK];
-		int			ready_idx[RL_WES_MAXSOCK];
-		uint32		ready_ev[RL_WES_MAXSOCK];
-		int			nsock = 0;
+		SockWait	sw;
 		int			npending = 0;
-		int			nready;
 		long		wait_ms;
 
+		sw.nsock = 0;
 		now = GetCurrentTimestamp();
 		for (i = 0; i < nruns; i++)
 		{
@@ -785,12 +802,8 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 				 * nodes), instead of a new epoll instance every time one
 				 * of several masters answers.
 				 */
-				if (!rc->failed && rc->conn->ctx != NULL && nsock < RL_WES_MAXSOCK)
-				{
-					fds[nsock] = rc->conn->ctx->fd;
-					events[nsock] = WL_SOCKET_READABLE;
-					map[nsock++] = i;
-				}
+				if (!rc->failed && rc->conn->ctx != NULL && sw.nsock < RL_WES_MAXSOCK)
+					sock_add(&sw, rc->conn->ctx->fd, WL_SOCKET_READABLE, i);
 				continue;
 			}
 			if (rc->connecting)
@@ -818,21 +831,16 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 								  rc->conn->label, rl_format_ms(timeout_ms)));
 				continue;
 			}
-			if (nsock >= RL_WES_MAXSOCK)
-				elog(ERROR, "redis_lock: too many connections in one round trip");
-			fds[nsock] = rc->conn->ctx->fd;
-			events[nsock] = ev;
-			map[nsock] = i;
-			nsock++;
+			sock_add(&sw, rc->conn->ctx->fd, ev, i);
 			npending++;
 		}
 		if (npending == 0)
 			break;
 
 		wait_ms = LONG_MAX;
-		for (i = 0; i < nsock; i++)
+		for (i = 0; i < sw.nsock; i++)
 		{
-			RunConn    *rc = &runs[map[i]];
+			RunConn    *rc = &runs[sw.owner[i]];
 			TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
 
 			if (!run_done(rc))
@@ -841,19 +849,18 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		if (wait_ms < 1)
 			wait_ms = 1;
 
-		nready = wait_sockets(nsock, fds, events, wait_ms, ready_idx, ready_ev);
-		if (nready < 0)
+		if (wait_sockets(&sw, wait_ms) < 0)
 		{
-			for (i = 0; i < nsock; i++)
-				if (!run_done(&runs[map[i]]))
-					run_fail(&runs[map[i]], ERRCODE_CONNECTION_FAILURE,
+			for (i = 0; i < sw.nsock; i++)
+				if (!run_done(&runs[sw.owner[i]]))
+					run_fail(&runs[sw.owner[i]], ERRCODE_CONNECTION_FAILURE,
 							 pstrdup("postmaster exited"));
 			break;
 		}
 		now = GetCurrentTimestamp();
-		for (i = 0; i < nready; i++)
+		for (i = 0; i < sw.nready; i++)
 		{
-			RunConn    *rc = &runs[map[ready_idx[i]]];
+			RunConn    *rc = &runs[sw.ready[i]];
 
 			if (rc->failed)
 				continue;
@@ -877,7 +884,7 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 				retry_stale(rc, now);
 				continue;
 			}
-			if (ready_ev[i] & WL_SOCKET_READABLE)
+			if (sw.ready_ev[i] & WL_SOCKET_READABLE)
 			{
 				if (redisBufferRead(rc->conn->ctx) != REDIS_OK)
 				{
@@ -1040,13 +1047,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 
 	for (;;)
 	{
-		pgsocket	fds[RL_WES_MAXSOCK];
-		uint32		events[RL_WES_MAXSOCK];
-		int			map[RL_WES_MAXSOCK];
-		int			ready_idx[RL_WES_MAXSOCK];
-		uint32		ready_ev[RL_WES_MAXSOCK];
-		int			nsock = 0;
-		int			nready;
+		SockWait	sw;
 		int			i;
 		bool		woken = false;
 		TimestampTz now;
@@ -1080,18 +1081,18 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			return false;
+		sw.nsock = 0;
 		for (i = 0; i < n; i++)
 		{
 			if (subs[i]->ctx == NULL)
 				continue;
-			fds[nsock] = subs[i]->ctx->fd;
-			events[nsock] = WL_SOCKET_READABLE;
-			if (sdslen(subs[i]->ctx->obuf) > 0)
-				events[nsock] |= WL_SOCKET_WRITEABLE;
-			map[nsock++] = i;
+			sock_add(&sw, subs[i]->ctx->fd,
+					 sdslen(subs[i]->ctx->obuf) > 0 ?
+					 WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE,
+					 i);
 		}
 		wait_ms = (long) ((deadline - now + 999) / 1000);
-		if (nsock == 0)
+		if (sw.nsock == 0)
 		{
 			/* no subscription: plain latch sleep, the caller polls */
 			int			rc = WaitLatch(MyLatch,
@@ -1105,12 +1106,11 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 			}
 			continue;
 		}
-		nready = wait_sockets(nsock, fds, events, wait_ms, ready_idx, ready_ev);
-		if (nready < 0)
+		if (wait_sockets(&sw, wait_ms) < 0)
 			return true;
-		for (i = 0; i < nready; i++)
+		for (i = 0; i < sw.nready; i++)
 		{
-			RLConn	   *c = subs[map[ready_idx[i]]];
+			RLConn	   *c = subs[sw.ready[i]];
 			int			done;
 
 			if (c->ctx == NULL)
@@ -1121,7 +1121,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 				rl_conn_close(c);
 				return true;
 			}
-			if ((ready_ev[i] & WL_SOCKET_READABLE) &&
+			if ((sw.ready_ev[i] & WL_SOCKET_READABLE) &&
 				redisBufferRead(c->ctx) != REDIS_OK)
 			{
 				rl_conn_close(c);
