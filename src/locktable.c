@@ -32,6 +32,9 @@
 #include "common/pg_prng.h"
 #endif
 
+/* Bound of the release round trip at backend exit */
+#define RL_EXIT_TIMEOUT_MS	500
+
 static HTAB *held = NULL;
 static int	ndoubts = 0;		/* entries with zero holds */
 static MemoryContext work_cxt = NULL;
@@ -233,13 +236,19 @@ doubt_horizon(int64 lease_ms)
 									   rl_connect_timeout_ms);
 }
 
-/* After hold counts went to zero by direct assignment */
+/*
+ * After hold counts went to zero by direct assignment.  Nobody holds the
+ * lock any more, whatever the release that follows achieves: the registry
+ * slot stops being renewed now, before any round trip can fail.
+ */
 static void
 became_doubt(RLHeld *e)
 {
 	Assert(RL_HOLDS(e) == 0);
 	ndoubts++;
+	e->watchdog = false;
 	e->expires_at = doubt_horizon(e->lease_ms);
+	rl_registry_update(e, false);
 }
 
 RLHeld *
@@ -526,6 +535,8 @@ settle_doubts(void)
 	release_soft(ents, n, NULL);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
+	/* a cancel that came while the release held interrupts is served now */
+	CHECK_FOR_INTERRUPTS();
 }
 
 static void
@@ -676,7 +687,8 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 	int			i;
 
 	rl_stats_add(RL_STAT_WAITS, 1);
-	nsubs = rl_target_nodes(e->target, e->names.key, e->names.keylen, subs, true);
+	nsubs = rl_target_nodes_or_raise(e->target, e->names.key, e->names.keylen,
+									  subs, true);
 	for (i = 0; i < nsubs && ndirty_subs < (int) lengthof(dirty_subs); i++)
 		dirty_subs[ndirty_subs++] = subs[i];
 	rl_subscribe(subs, nsubs, sub, e->names.channel, rl_command_timeout_ms);
@@ -961,6 +973,7 @@ drop_holds(RLHeld *e, RLScope scope, int k, RLHeld **out, int *nout)
 	*mine -= k;
 	if (RL_HOLDS(e) > 0)
 	{
+		e->unreachable = false; /* only for the release that is not made */
 		rl_registry_update(e, false);
 		return;
 	}
@@ -1132,6 +1145,11 @@ verify_xact_locks(void)
 	rl_lock_ops_run(ops, n, false);
 	for (i = 0; i < n; i++)
 	{
+		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
+			ents[i]->unreachable = true;
+	}
+	for (i = 0; i < n; i++)
+	{
 		e = ents[i];
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
 			rl_raise_undecided("verify", e->name, &ops[i]);
@@ -1151,6 +1169,27 @@ verify_xact_locks(void)
 	MemoryContextReset(work_cxt);
 }
 
+/*
+ * Of the entries about to be released, keep those Redis did not answer for
+ * at the COMMIT verify as doubts (the next call settles them); returns how
+ * many are left to release, compacted at the front.
+ */
+static int
+keep_unreachable_as_doubts(RLHeld **ents, int n)
+{
+	int			i;
+	int			k = 0;
+
+	for (i = 0; i < n; i++)
+	{
+		if (ents[i]->unreachable)
+			ents[i]->unreachable = false;
+		else
+			ents[k++] = ents[i];
+	}
+	return k;
+}
+
 /* At COMMIT or ABORT: drop transaction holds and release what is free */
 static void
 end_of_xact(void)
@@ -1168,8 +1207,9 @@ end_of_xact(void)
 	/*
 	 * Older doubts wait for the next redis_lock call: the failure that made
 	 * them is often still going on, and an abort should not wait for it
-	 * twice.
+	 * twice.  So do the locks whose verify at COMMIT just failed.
 	 */
+	n = keep_unreachable_as_doubts(ents, n);
 	release_soft(ents, n, all_loud(n));
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
@@ -1276,16 +1316,16 @@ exit_callback(int code, Datum arg)
 		if (!e->lost)
 			ents[n++] = e;
 	}
-	PG_TRY();
-	{
-		release_soft(ents, n, NULL);
-	}
-	PG_CATCH();
-	{
-		/* exiting anyway; the watchdog or the lease takes care of it */
-		FlushErrorState();
-	}
-	PG_END_TRY();
+	/*
+	 * Soft and with interrupts held: this neither raises nor is cut short,
+	 * so it is bounded more tightly than a statement's round trip.  A
+	 * terminated backend must be gone promptly, and what it cannot release
+	 * now goes to the watchdog worker (or expires with its lease).  The
+	 * process is exiting: nothing else reads these settings any more.
+	 */
+	rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_EXIT_TIMEOUT_MS);
+	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_EXIT_TIMEOUT_MS);
+	release_soft(ents, n, NULL);
 
 	/* what could not be released goes to the watchdog worker */
 	hash_seq_init(&seq, held);

@@ -120,6 +120,11 @@ typedef struct RLCall
 {
 	RLConn	   *conn;
 	RLTarget   *target;			/* for redirections; NULL: none */
+	const char *key;			/* the key it is about, to re-route it when
+								 * its node fails; NULL: not re-routed */
+	size_t		keylen;
+	bool		follows;		/* sent again whenever the call before it is
+								 * (WAIT after a script) */
 	bool		asking;			/* send ASKING first (cluster slot migration) */
 	int			extra_ms;		/* the command itself waits this long (WAIT) */
 	int			argc;
@@ -138,6 +143,9 @@ typedef struct RLCall
 
 extern RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber);
 extern const char *rl_conn_label(RLConn *conn);
+extern void rl_use_credentials(const char *password,
+							   const char *sentinel_password);
+extern void rl_use_settings_credentials(void);
 extern void rl_conn_close(RLConn *conn);
 extern void rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 						const size_t *argvlen);
@@ -205,7 +213,9 @@ extern uint16 rl_key_slot(const char *key, size_t len);
 #define RL_MAX_NODES 16
 
 extern int	rl_target_nodes(RLTarget *t, const char *key, size_t keylen,
-							RLConn **conns, bool subscriber);
+							RLConn **conns, bool subscriber, char **error);
+extern int	rl_target_nodes_or_raise(RLTarget *t, const char *key, size_t keylen,
+									 RLConn **conns, bool subscriber);
 extern void rl_target_run(RLCall *calls, int ncalls, int mode);
 extern int	rl_target_max_nodes(RLTarget *t);
 extern int	rl_target_timeout(RLTarget *t);
@@ -351,6 +361,8 @@ typedef struct RLHeld
 	int64		lease_ms;
 	bool		watchdog;		/* renewed by the background worker */
 	bool		lost;			/* Redis no longer has our token */
+	bool		unreachable;	/* its verify at COMMIT failed: the abort
+								 * that follows leaves it as a doubt */
 	uint64		lost_reported_at;	/* call that last warned about it */
 	TimestampTz acquired_at;
 	TimestampTz expires_at;		/* doubt: nothing can exist after this */

@@ -434,7 +434,11 @@ rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
 	ensure_shas();
 	call->conn = conn;
 	call->target = NULL;
+	call->key = NULL;
+	call->keylen = 0;
+	call->follows = false;
 	call->asking = false;
+	call->extra_ms = 0;
 	call->error = NULL;
 	call->argc = 0;
 	if (s->sha[0] != '\0')
@@ -508,11 +512,20 @@ rl_script_run(RLCall *calls, int ncalls, int mode)
 	if (nretry > 0)
 	{
 		int			nagain = nretry + nreload * RL_SCRIPT_COUNT;
-		RLCall	   *again = palloc0(sizeof(RLCall) * nagain);
+		RLCall	   *again;
 		int			k = 0;
 
+		/* a WAIT that followed a script that did not run must run again */
 		for (i = 0; i < nretry; i++)
+			if (idx[i] + 1 < ncalls && calls[idx[i] + 1].follows)
+				nagain++;
+		again = palloc0(sizeof(RLCall) * nagain);
+		for (i = 0; i < nretry; i++)
+		{
 			again[k++] = calls[idx[i]];
+			if (idx[i] + 1 < ncalls && calls[idx[i] + 1].follows)
+				again[k++] = calls[idx[i] + 1];
+		}
 		for (i = 0; i < nreload; i++)
 		{
 			int			sid;
@@ -527,8 +540,13 @@ rl_script_run(RLCall *calls, int ncalls, int mode)
 			}
 		}
 		rl_target_run(again, nagain, mode);
+		k = 0;
 		for (i = 0; i < nretry; i++)
-			calls[idx[i]] = again[i];
+		{
+			calls[idx[i]] = again[k++];
+			if (idx[i] + 1 < ncalls && calls[idx[i] + 1].follows)
+				calls[idx[i] + 1] = again[k++];
+		}
 		pfree(again);
 		pfree(idx);
 		pfree(reload);
@@ -698,6 +716,8 @@ build_call(RLLockOp *op, RLCall *call, RLConn *conn)
 			break;
 	}
 	call->target = op->target;
+	call->key = op->names->key;
+	call->keylen = op->names->keylen;
 }
 
 static void
@@ -765,21 +785,39 @@ count_answer(RLLockOp *op, RLCall *call)
 		op->maybe_ran = true;
 }
 
+/* An op whose nodes are unknown (topology not learnt): all of it failed */
+static void
+fail_unrouted(RLLockOp *op, char *error)
+{
+	RLCall	   *c = palloc0(sizeof(RLCall));
+
+	c->error = error;
+	c->sqlstate = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
+	op->calls = c;
+	op->nodes = op->failed = 1;
+	op->failure = c;
+	op->stride = 1;
+	/* an earlier round of this op may have reached Redis: assume it did */
+	op->maybe_ran = true;
+}
+
 /*
  * Run ops: one call per node of each op's target, all in one round (the
  * sockets are waited on together, so N masters cost the slowest one, not
- * the sum), then count answers per op.  Learning the topology (Sentinel,
- * Cluster) may raise; with soft, nothing raises: failures are counted.
+ * the sum), then count answers per op.  With soft, a Redis failure of any
+ * kind (also while learning the topology) is counted in the op, never
+ * raised; without it, a topology that cannot be learnt raises.  Interrupts
+ * raise either way: hold them where that matters.
  */
 void
 rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 {
 	RLCall	   *calls;
+	bool	   *unrouted;
 	int			total = 0;
 	int			k = 0;
 	int			i;
 	TimestampTz start;
-	MemoryContext cxt = CurrentMemoryContext;
 
 	for (i = 0; i < nops; i++)
 	{
@@ -788,9 +826,15 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 		total += rl_target_max_nodes(ops[i].target) * ops[i].stride;
 	}
 	calls = palloc0(sizeof(RLCall) * Max(total, 1));
+	unrouted = palloc0(sizeof(bool) * nops);
+
+	start = GetCurrentTimestamp();
 	for (i = 0; i < nops; i++)
 	{
 		RLLockOp   *op = &ops[i];
+		RLConn	   *conns[RL_MAX_NODES];
+		char	   *error;
+		int			j;
 
 		op->nodes = op->yes = op->no = op->failed = 0;
 		op->maybe_ran = op->holder_publishes = false;
@@ -799,68 +843,44 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 		op->fence_value = op->pttl = 0;
 		op->replicas_short = 0;
 		op->calls = &calls[k];
-	}
-
-	start = GetCurrentTimestamp();
-	PG_TRY();
-	{
-		for (i = 0; i < nops; i++)
-		{
-			RLLockOp   *op = &ops[i];
-			RLConn	   *conns[RL_MAX_NODES];
-			int			j;
-
-			op->calls = &calls[k];
+		if (soft)
 			op->nodes = rl_target_nodes(op->target, op->names->key,
-										op->names->keylen, conns, false);
-			for (j = 0; j < op->nodes; j++)
+										op->names->keylen, conns, false, &error);
+		else
+			op->nodes = rl_target_nodes_or_raise(op->target, op->names->key,
+												 op->names->keylen, conns, false);
+		if (op->nodes < 0)
+		{
+			fail_unrouted(op, error);
+			unrouted[i] = true;
+			continue;
+		}
+		for (j = 0; j < op->nodes; j++)
+		{
+			build_call(op, &calls[k++], conns[j]);
+			if (op->stride == 2)
 			{
-				build_call(op, &calls[k++], conns[j]);
-				if (op->stride == 2)
-				{
-					char	   *n = psprintf("%d", rl_wait_replicas);
-					char	   *t = psprintf("%d", rl_wait_replicas_timeout_ms);
-					const char *argv[3] = {"WAIT", n, t};
+				char	   *n = psprintf("%d", rl_wait_replicas);
+				char	   *t = psprintf("%d", rl_wait_replicas_timeout_ms);
+				const char *argv[3] = {"WAIT", n, t};
 
-					rl_call_set(&calls[k], conns[j], 3, argv, NULL);
-					calls[k].target = op->target;
-					calls[k++].extra_ms = rl_wait_replicas_timeout_ms;
-				}
+				rl_call_set(&calls[k], conns[j], 3, argv, NULL);
+				calls[k].target = op->target;
+				calls[k].follows = true;
+				calls[k++].extra_ms = rl_wait_replicas_timeout_ms;
 			}
 		}
+	}
+	if (k > 0)
 		rl_script_run(calls, k, RL_RUN_SOFT);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		if (!soft)
-			PG_RE_THROW();
-		/* our own failure (topology unknown): count it, do not raise */
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		for (i = 0; i < nops; i++)
-		{
-			RLCall	   *c = palloc0(sizeof(RLCall));
-
-			c->error = edata->message;
-			c->sqlstate = edata->sqlerrcode;
-			ops[i].calls = c;
-			ops[i].nodes = Max(ops[i].nodes, 1);
-			ops[i].failed = ops[i].nodes;
-			ops[i].failure = c;
-			ops[i].maybe_ran = true;
-		}
-		return;
-	}
-	PG_END_TRY();
 
 	for (i = 0; i < nops; i++)
 	{
 		RLLockOp   *op = &ops[i];
 		int			j;
 
+		if (unrouted[i])
+			continue;
 		op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
 		for (j = 0; j < op->nodes; j++)
 		{
@@ -875,6 +895,7 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 			}
 		}
 	}
+	pfree(unrouted);
 }
 
 /*

@@ -208,17 +208,21 @@ check_url(char **newval, void **extra, GucSource source)
 	return true;
 }
 
-/* Comma-separated list of URLs (Redlock masters, sentinels); empty is fine */
+/*
+ * Comma-separated list of at most max URLs; empty is fine.  Returns false
+ * with the GUC error detail set.
+ */
 static bool
-check_url_list(char **newval, void **extra, GucSource source)
+check_url_list_of(const char *list, int max, const char *what)
 {
 	char	   *copy;
 	char	   *tok;
 	char	   *save = NULL;
+	int			n = 0;
 
-	if (*newval == NULL || **newval == '\0')
+	if (list == NULL || *list == '\0')
 		return true;
-	copy = pstrdup(*newval);
+	copy = pstrdup(list);
 	for (tok = strtok_r(copy, ", \t", &save); tok != NULL;
 		 tok = strtok_r(NULL, ", \t", &save))
 	{
@@ -231,19 +235,59 @@ check_url_list(char **newval, void **extra, GucSource source)
 			pfree(copy);
 			return false;
 		}
+		if (++n > max)
+		{
+			GUC_check_errdetail("At most %d %s can be listed.", max, what);
+			pfree(copy);
+			return false;
+		}
 	}
 	pfree(copy);
 	return true;
 }
 
+/* Redlock masters: every one is asked at once, each on its own socket */
+static bool
+check_nodes(char **newval, void **extra, GucSource source)
+{
+	return check_url_list_of(*newval, RL_MAX_NODES, "Redlock masters");
+}
+
+static bool
+check_sentinels(char **newval, void **extra, GucSource source)
+{
+	return check_url_list_of(*newval, INT_MAX, "Sentinels");
+}
+
+/*
+ * A prefix longer than RL_MAX_PREFIX_LEN is refused, and so is one whose
+ * first "{" opens no non-empty {hash tag} inside the prefix: the tag would
+ * then run into the lock name, and a lock's fence counter (prefix + a tag of
+ * our own) would land in another Redis Cluster slot than the lock.
+ */
 static bool
 check_prefix(char **newval, void **extra, GucSource source)
 {
-	if (*newval != NULL && strlen(*newval) > RL_MAX_PREFIX_LEN)
+	const char *open;
+
+	if (*newval == NULL)
+		return true;
+	if (strlen(*newval) > RL_MAX_PREFIX_LEN)
 	{
 		GUC_check_errdetail("The key prefix must not be longer than %d bytes.",
 							RL_MAX_PREFIX_LEN);
 		return false;
+	}
+	open = strchr(*newval, '{');
+	if (open != NULL)
+	{
+		const char *close = strchr(open + 1, '}');
+
+		if (close == NULL || close == open + 1)
+		{
+			GUC_check_errdetail("A \"{\" in the key prefix must open a non-empty {hash tag} closed within the prefix.");
+			return false;
+		}
 	}
 	return true;
 }
@@ -363,7 +407,7 @@ rl_define_settings(void)
 							   "",
 							   PGC_SUSET,
 							   0,
-							   check_url_list, bump_generation, NULL);
+							   check_nodes, bump_generation, NULL);
 
 	DefineCustomStringVariable("redis_lock.sentinels",
 							   "Comma-separated redis:// URLs of Sentinels; when set, the master is discovered through them.",
@@ -372,7 +416,7 @@ rl_define_settings(void)
 							   "",
 							   PGC_SUSET,
 							   0,
-							   check_url_list, bump_generation, NULL);
+							   check_sentinels, bump_generation, NULL);
 
 	DefineCustomStringVariable("redis_lock.sentinel_password",
 							   "Password sent with AUTH to the Sentinels (the master uses redis_lock.password).",

@@ -234,11 +234,11 @@ is_master(const RLEndpoint *ep)
 
 /*
  * Find the master through the Sentinels: ask all of them at once, take the
- * addresses they report, keep the first that confirms with ROLE.  Raises
- * when none does.
+ * addresses they report, keep the first that confirms with ROLE.  When none
+ * does, returns false with *error set; never raises for a Redis failure.
  */
-static void
-discover_master(RLTarget *t)
+static bool
+discover_master(RLTarget *t, char **error)
 {
 	RLCall	   *calls = palloc0(sizeof(RLCall) * t->nendpoints);
 	int			i;
@@ -287,11 +287,9 @@ discover_master(RLTarget *t)
 	}
 	pfree(calls);
 	if (!t->master_known)
-		ereport(ERROR,
-				(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
-				 errmsg("could not find the Redis master \"%s\" through Sentinel", t->master_name),
-				 errdetail("%s", why ? why : "No Sentinel answered."),
-				 errhint("Check redis_lock.sentinels and redis_lock.sentinel_master.")));
+		*error = psprintf("could not find the Redis master \"%s\" through Sentinel: %s",
+						  t->master_name, why ? why : "no Sentinel answered");
+	return t->master_known;
 }
 
 /* ----------------------------------------------------------------
@@ -334,9 +332,13 @@ parse_hostport(const char *s, char *host, size_t hostsz, int *port)
 	return *port > 0;
 }
 
-/* Load the slot map with CLUSTER SLOTS from the seeds or known nodes */
-static void
-load_slots(RLTarget *t)
+/*
+ * Load the slot map with CLUSTER SLOTS from the seeds or known nodes, the
+ * first that answers.  When none does, returns false with *error set (the
+ * old map, if any, stays as it was); never raises for a Redis failure.
+ */
+static bool
+load_slots(RLTarget *t, char **error)
 {
 	RLSlotMap  *m = t->slots;
 	int			i;
@@ -388,13 +390,11 @@ load_slots(RLTarget *t)
 				m->owner[s1] = (int16) idx;
 		}
 		m->loaded = true;
-		return;
+		return true;
 	}
-	ereport(ERROR,
-			(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
-			 errmsg("could not load the Redis Cluster slot map"),
-			 errdetail("%s", why ? why : "No node answered."),
-			 errhint("Check redis_lock.url (a cluster node) and redis_lock.cluster.")));
+	*error = psprintf("could not load the Redis Cluster slot map: %s",
+					  why ? why : "no node answered");
+	return false;
 }
 
 /* ----------------------------------------------------------------
@@ -405,14 +405,16 @@ load_slots(RLTarget *t)
 /*
  * Connections for the node(s) holding key: every master for Redlock, else
  * one.  conns needs room for rl_target_max_nodes(t).  May talk to Redis to
- * learn the topology (Sentinel, Cluster); raises if it cannot.
+ * learn the topology (Sentinel, Cluster); when that fails, returns -1 with
+ * *error set.  Raises only for interrupts.
  */
 int
 rl_target_nodes(RLTarget *t, const char *key, size_t keylen, RLConn **conns,
-				bool subscriber)
+				bool subscriber, char **error)
 {
 	int			i;
 
+	*error = NULL;
 	switch (t->kind)
 	{
 		case RL_TOPO_REDLOCK:
@@ -420,16 +422,16 @@ rl_target_nodes(RLTarget *t, const char *key, size_t keylen, RLConn **conns,
 				conns[i] = rl_conn_for(&t->endpoints[i], subscriber);
 			return t->nendpoints;
 		case RL_TOPO_SENTINEL:
-			if (!t->master_known)
-				discover_master(t);
+			if (!t->master_known && !discover_master(t, error))
+				return -1;
 			conns[0] = rl_conn_for(&t->master, subscriber);
 			return 1;
 		case RL_TOPO_CLUSTER:
 			{
 				int			owner;
 
-				if (t->slots == NULL || !t->slots->loaded)
-					load_slots(t);
+				if ((t->slots == NULL || !t->slots->loaded) && !load_slots(t, error))
+					return -1;
 				owner = t->slots->owner[rl_key_slot(key, keylen)];
 				conns[0] = rl_conn_for(owner >= 0 ? &t->slots->nodes[owner] : &t->endpoints[0],
 									   subscriber);
@@ -439,6 +441,25 @@ rl_target_nodes(RLTarget *t, const char *key, size_t keylen, RLConn **conns,
 			conns[0] = rl_conn_for(&t->endpoints[0], subscriber);
 			return 1;
 	}
+}
+
+/* rl_target_nodes for callers that cannot go on without the nodes */
+int
+rl_target_nodes_or_raise(RLTarget *t, const char *key, size_t keylen,
+						 RLConn **conns, bool subscriber)
+{
+	char	   *error;
+	int			n = rl_target_nodes(t, key, keylen, conns, subscriber, &error);
+
+	if (n < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+				 errmsg("could not find the Redis node for key \"%s\"", key),
+				 errdetail_internal("%s", error),
+				 errhint(t->kind == RL_TOPO_SENTINEL ?
+						 "Check redis_lock.sentinels and redis_lock.sentinel_master." :
+						 "Check redis_lock.url (a cluster node) and redis_lock.cluster.")));
+	return n;
 }
 
 /* Where a MOVED/ASK reply points; false if it is not one */
@@ -483,32 +504,63 @@ master_gone(RLCall *c)
 		rl_reply_is_error(c->reply, "LOADING");
 }
 
-/* Find a moved master again; in soft mode a failure is left to the caller */
-static void
-rediscover(RLTarget *t, int mode)
+/* Cluster: did this call fail because its node died or lost the slot? */
+static bool
+node_gone(RLCall *c)
 {
-	MemoryContext cxt = CurrentMemoryContext;
+	if (c->target == NULL || c->target->kind != RL_TOPO_CLUSTER)
+		return false;
+	return c->error != NULL || rl_reply_is_error(c->reply, "CLUSTERDOWN");
+}
 
-	PG_TRY();
+/*
+ * Learn again where c's key lives after its node failed: the Sentinel
+ * master, or the cluster slot map (no MOVED ever comes from a dead node).
+ * Each target is refreshed at most once per round (done/ndone).  Returns
+ * the connection to retry on, or NULL to leave the failure as it is.
+ */
+static RLConn *
+reroute(RLCall *c, RLTarget **done, int *ndone)
+{
+	RLTarget   *t = c->target;
+	char	   *error = NULL;
+	bool		ok = true;
+	int			i;
+
+	for (i = 0; i < *ndone && done[i] != t; i++)
+		;
+	if (i == *ndone)
 	{
-		discover_master(t);
+		done[(*ndone)++] = t;
+		if (t->kind == RL_TOPO_SENTINEL)
+			ok = discover_master(t, &error);
+		else
+		{
+			ok = load_slots(t, &error);
+			if (!ok)
+				t->slots->loaded = false;	/* the next call tries again */
+		}
 	}
-	PG_CATCH();
+	if (t->kind == RL_TOPO_SENTINEL)
+		return ok && t->master_known ? rl_conn_for(&t->master, false) : NULL;
+	if (!ok || !t->slots->loaded)
+		return NULL;
 	{
-		if (mode == RL_RUN_HARD)
-			PG_RE_THROW();
-		MemoryContextSwitchTo(cxt);
-		FlushErrorState();
+		int			owner = t->slots->owner[rl_key_slot(c->key, c->keylen)];
+
+		return owner >= 0 ? rl_conn_for(&t->slots->nodes[owner], false) : NULL;
 	}
-	PG_END_TRY();
 }
 
 /*
  * Run calls built for targets' nodes.  Always soft underneath; then follows
  * cluster redirections (MOVED updates the slot map, ASK is sent with ASKING),
- * waits out TRYAGAIN during slot migration, and re-discovers a Sentinel
- * master that moved.  Only then, in hard mode, a remaining failure raises.
- * Resending is safe because every script is idempotent per token.
+ * waits out TRYAGAIN during slot migration, and, once per call, re-learns
+ * where a key lives when its node failed (a Sentinel master that moved, a
+ * cluster master that died and was replaced).  A call marked "follows"
+ * (WAIT after a script) is always sent again with the call before it.
+ * Only then, in hard mode, a remaining failure raises.  Resending is safe
+ * because every script is idempotent per token.
  */
 void
 rl_target_run(RLCall *calls, int ncalls, int mode)
@@ -517,9 +569,11 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 	int			redirects = 0;
 	long		pause_ms = 5;
 	int			timeout = rl_command_timeout_ms;
-	int			i;
-
 	int			extra = 0;
+	bool	   *rerouted = palloc0(sizeof(bool) * Max(ncalls, 1));
+	RLTarget  **done = palloc(sizeof(RLTarget *) * Max(ncalls, 1));
+	int		   *redo = palloc(sizeof(int) * Max(ncalls, 1));
+	int			i;
 
 	for (i = 0; i < ncalls; i++)
 	{
@@ -533,8 +587,8 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 	/* redirections are bounded by count, TRYAGAIN only by the deadline */
 	while (redirects < 16)
 	{
-		int		   *redo = NULL;
 		int			nredo = 0;
+		int			ndone = 0;
 		bool		tryagain = false;
 
 		for (i = 0; i < ncalls; i++)
@@ -544,6 +598,8 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 			int			slot;
 			RLEndpoint	to;
 
+			if (c->follows)
+				continue;		/* goes with the call before it */
 			if (redirect_of(c, &ask, &slot, &to))
 			{
 				RLSlotMap  *m = c->target->slots;
@@ -559,18 +615,25 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 				tryagain = true;
 				c->asking = false;
 			}
-			else if (master_gone(c))
+			else if (!rerouted[i] && c->key != NULL &&
+					 (master_gone(c) || node_gone(c)))
 			{
-				rediscover(c->target, mode);
-				if (!c->target->master_known)
+				RLConn	   *conn;
+
+				rerouted[i] = true;
+				conn = reroute(c, done, &ndone);
+				if (conn == NULL)
 					continue;
-				c->conn = rl_conn_for(&c->target->master, false);
+				c->conn = conn;
 			}
 			else
 				continue;
-			if (redo == NULL)
-				redo = palloc(sizeof(int) * ncalls);
 			redo[nredo++] = i;
+			if (i + 1 < ncalls && calls[i + 1].follows)
+			{
+				calls[i + 1].conn = c->conn;
+				redo[nredo++] = i + 1;
+			}
 		}
 		if (nredo == 0)
 			break;
@@ -600,8 +663,10 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 			}
 			pfree(again);
 		}
-		pfree(redo);
 	}
+	pfree(rerouted);
+	pfree(done);
+	pfree(redo);
 
 	if (mode == RL_RUN_HARD)
 		for (i = 0; i < ncalls; i++)

@@ -34,6 +34,7 @@
 struct RLConn
 {
 	RLEndpoint	ep;
+	char	   *secret;			/* the password it authenticates with */
 	char	   *label;			/* "host:port" for messages */
 	bool		subscriber;		/* used only for (S)SUBSCRIBE */
 	redisContext *ctx;			/* NULL while closed */
@@ -44,6 +45,11 @@ struct RLConn
 };
 
 static RLConn *conn_list = NULL;
+
+/* Credentials that replace the settings' (the watchdog worker's per target) */
+static bool credentials_set = false;
+static const char *cred_password = NULL;
+static const char *cred_sentinel_password = NULL;
 
 /* Per-run state of one connection */
 typedef struct RunConn
@@ -117,7 +123,7 @@ static void
 sock_add(SockWait *sw, pgsocket fd, uint32 events, int owner)
 {
 	if (sw->nsock >= RL_WES_MAXSOCK)
-		elog(ERROR, "redis_lock: too many sockets to wait on");
+		elog(ERROR, "too many sockets to wait on");	/* rl_run batches */
 	sw->fds[sw->nsock] = fd;
 	sw->events[sw->nsock] = events;
 	sw->owner[sw->nsock++] = owner;
@@ -187,6 +193,11 @@ wait_sockets(SockWait *sw, long timeout_ms)
 	}
 	cw->used = ++wes_clock;
 
+	/*
+	 * An interrupt that came while they were held had its latch wake-up
+	 * consumed then: look at the flags now, not only when the latch is set.
+	 */
+	CHECK_FOR_INTERRUPTS();
 	sw->nready = 0;
 	n = WaitEventSetWait(cw->set, timeout_ms, occurred, lengthof(occurred),
 						 RL_WAIT_EVENT);
@@ -281,23 +292,73 @@ rl_reply_is_error(RLReply *r, const char *prefix)
  * Connections
  * ----------------------------------------------------------------
  */
+/*
+ * Authenticate the connections asked for from now on with these passwords
+ * instead of redis_lock.password / sentinel_password (NULL: no password);
+ * rl_use_settings_credentials() goes back to the settings.  The watchdog
+ * worker renews locks for backends that may have set other passwords.
+ */
+void
+rl_use_credentials(const char *password, const char *sentinel_password)
+{
+	credentials_set = true;
+	cred_password = password;
+	cred_sentinel_password = sentinel_password;
+}
+
+void
+rl_use_settings_credentials(void)
+{
+	credentials_set = false;
+}
+
+/* The password a connection to ep uses now; "" for none */
+static const char *
+password_for(const RLEndpoint *ep)
+{
+	const char *pw;
+
+	if (credentials_set)
+		pw = ep->sentinel ? cred_sentinel_password : cred_password;
+	else
+		pw = ep->sentinel ? rl_sentinel_password : rl_password;
+	return pw ? pw : "";
+}
+
+static bool
+same_endpoint(const RLConn *c, const RLEndpoint *ep, bool subscriber)
+{
+	return c->subscriber == subscriber && c->ep.port == ep->port &&
+		c->ep.db == ep->db && c->ep.sentinel == ep->sentinel &&
+		strcmp(c->ep.host, ep->host) == 0 &&
+		strcmp(c->ep.user, ep->user) == 0;
+}
+
+/*
+ * The cached connection to ep with the current password, created (closed)
+ * if there is none.  One made under settings that changed since is closed
+ * here: it will not be asked for again.
+ */
 RLConn *
 rl_conn_for(const RLEndpoint *ep, bool subscriber)
 {
 	RLConn	   *c;
 	MemoryContext old;
+	const char *secret = password_for(ep);
 
 	for (c = conn_list; c != NULL; c = c->next)
 	{
-		if (c->subscriber == subscriber && c->ep.port == ep->port &&
-			c->ep.db == ep->db && c->ep.sentinel == ep->sentinel &&
-			strcmp(c->ep.host, ep->host) == 0 &&
-			strcmp(c->ep.user, ep->user) == 0)
+		if (!same_endpoint(c, ep, subscriber))
+			continue;
+		if (strcmp(c->secret, secret) == 0)
 			return c;
+		if (c->ctx != NULL && c->generation != rl_settings_generation)
+			rl_conn_close(c);
 	}
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	c = palloc0(sizeof(RLConn));
 	c->ep = *ep;
+	c->secret = pstrdup(secret);
 	c->label = rl_endpoint_label(ep);
 	c->subscriber = subscriber;
 	c->next = conn_list;
@@ -401,8 +462,8 @@ start_connect(RunConn *rc, TimestampTz now)
 	rc->connect_deadline = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
 	rc->handshake = 0;
 
-	password = conn->ep.sentinel ? rl_sentinel_password : rl_password;
-	if ((password != NULL && password[0] != '\0') || conn->ep.user[0] != '\0')
+	password = conn->secret;
+	if (password[0] != '\0' || conn->ep.user[0] != '\0')
 	{
 		int			argc = 0;
 
@@ -413,8 +474,8 @@ start_connect(RunConn *rc, TimestampTz now)
 			argv[argc] = conn->ep.user;
 			argvlen[argc++] = strlen(conn->ep.user);
 		}
-		argv[argc] = password ? password : "";
-		argvlen[argc++] = password ? strlen(password) : 0;
+		argv[argc] = password;
+		argvlen[argc++] = strlen(password);
 		append_argv(rc, argc, argv, argvlen);
 		rc->handshake++;
 	}
@@ -702,9 +763,8 @@ retry_stale(RunConn *rc, TimestampTz now)
 }
 
 /*
- * Send every call and collect every reply, over all the connections they
- * name at once: connects run in parallel, commands on one connection are
- * pipelined, and the wait is one latch wait over all sockets.  The whole
+ * One batch of rl_run: connects run in parallel, commands on one connection
+ * are pipelined, and the wait is one latch wait over all sockets.  The whole
  * round trip is bounded by timeout_ms (plus connect_timeout where a connect
  * is needed).
  *
@@ -712,8 +772,70 @@ retry_stale(RunConn *rc, TimestampTz now)
  * RL_RUN_SOFT: failures are recorded in the calls; nothing is raised except
  * by interrupts (hold them if that matters).
  */
+static void run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms);
+
+/*
+ * Send every call and collect every reply, over all the connections they
+ * name at once (see run_batch).  One latch wait watches at most
+ * RL_WES_MAXSOCK sockets, so calls over more connections than that (a
+ * release_all across a very large cluster) go in consecutive batches, all
+ * calls of one connection in the same batch.
+ */
 void
 rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
+{
+	RLConn	  **conns;
+	int			nconns = 0;
+	int		   *batch_of;
+	int			nbatches;
+	int			b;
+	int			i;
+
+	if (ncalls <= RL_WES_MAXSOCK)
+	{
+		run_batch(calls, ncalls, mode, timeout_ms);
+		return;
+	}
+	conns = palloc(sizeof(RLConn *) * ncalls);
+	batch_of = palloc(sizeof(int) * ncalls);
+	for (i = 0; i < ncalls; i++)
+	{
+		int			j;
+
+		for (j = 0; j < nconns && conns[j] != calls[i].conn; j++)
+			;
+		if (j == nconns)
+			conns[nconns++] = calls[i].conn;
+		batch_of[i] = j / RL_WES_MAXSOCK;
+	}
+	nbatches = (nconns + RL_WES_MAXSOCK - 1) / RL_WES_MAXSOCK;
+	if (nbatches <= 1)
+		run_batch(calls, ncalls, mode, timeout_ms);
+	else
+	{
+		RLCall	   *part = palloc(sizeof(RLCall) * ncalls);
+
+		for (b = 0; b < nbatches; b++)
+		{
+			int			n = 0;
+
+			for (i = 0; i < ncalls; i++)
+				if (batch_of[i] == b)
+					part[n++] = calls[i];
+			run_batch(part, n, mode, timeout_ms);
+			n = 0;
+			for (i = 0; i < ncalls; i++)
+				if (batch_of[i] == b)
+					calls[i] = part[n++];
+		}
+		pfree(part);
+	}
+	pfree(conns);
+	pfree(batch_of);
+}
+
+static void
+run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
 {
 	RunConn    *runs;
 	int			nruns = 0;
@@ -947,6 +1069,9 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 	Assert(argc <= RL_MAX_ARGS);
 	call->conn = conn;
 	call->target = NULL;
+	call->key = NULL;
+	call->keylen = 0;
+	call->follows = false;
 	call->asking = false;
 	call->extra_ms = 0;
 	call->argc = argc;
@@ -1095,7 +1220,10 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 		if (sw.nsock == 0)
 		{
 			/* no subscription: plain latch sleep, the caller polls */
-			int			rc = WaitLatch(MyLatch,
+			int			rc;
+
+			CHECK_FOR_INTERRUPTS();
+			rc = WaitLatch(MyLatch,
 									   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 									   wait_ms, RL_WAIT_EVENT);
 

@@ -37,6 +37,7 @@
 
 #define RL_MAX_TARGETS		32
 #define RL_TARGET_SPEC_LEN	1024
+#define RL_SECRET_LEN		256
 
 typedef enum RLSlotState
 {
@@ -57,14 +58,26 @@ typedef struct RLSlot
 	char		owner[RL_OWNER_LEN + 1];
 } RLSlot;
 
+/*
+ * Where and with which passwords the locks of some slots live.  An entry is
+ * in use while slots point at it (refs > 0); the worker connects with the
+ * passwords the acquiring backend used, wherever it set them.
+ */
+typedef struct RLSharedTarget
+{
+	int			refs;
+	char		spec[RL_TARGET_SPEC_LEN];
+	char		password[RL_SECRET_LEN];
+	char		sentinel_password[RL_SECRET_LEN];
+} RLSharedTarget;
+
 typedef struct RLShared
 {
 	LWLock	   *lock;
 	Latch	   *worker_latch;
 	pg_atomic_uint64 stats[RL_STAT_COUNT];
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
-	int			ntargets;
-	char		targets[RL_MAX_TARGETS][RL_TARGET_SPEC_LEN];
+	RLSharedTarget targets[RL_MAX_TARGETS];
 	int			nslots;
 	int			nfree;
 	RLSlot		slots[FLEXIBLE_ARRAY_MEMBER];
@@ -215,19 +228,73 @@ rl_stats_read(RLStats *out)
  * ----------------------------------------------------------------
  */
 
-/* Index of the target's spec in the shared table; caller holds the lock */
-static int
-target_index(RLTarget *t)
+static const char *
+or_empty(const char *s)
 {
+	return s ? s : "";
+}
+
+/*
+ * Index of the entry for the target and the current passwords, taking a
+ * reference to it; -1 when the table is full or a text is too long.  The
+ * caller holds the lock exclusively.
+ */
+static int
+target_ref(RLTarget *t)
+{
+	const char *pw = or_empty(rl_password);
+	const char *spw = or_empty(rl_sentinel_password);
+	int			free_idx = -1;
 	int			i;
 
-	for (i = 0; i < shared->ntargets; i++)
-		if (strcmp(shared->targets[i], t->spec) == 0)
-			return i;
-	if (shared->ntargets >= RL_MAX_TARGETS || strlen(t->spec) >= RL_TARGET_SPEC_LEN)
+	if (strlen(t->spec) >= RL_TARGET_SPEC_LEN || strlen(pw) >= RL_SECRET_LEN ||
+		strlen(spw) >= RL_SECRET_LEN)
 		return -1;
-	strlcpy(shared->targets[shared->ntargets], t->spec, RL_TARGET_SPEC_LEN);
-	return shared->ntargets++;
+	for (i = 0; i < RL_MAX_TARGETS; i++)
+	{
+		RLSharedTarget *st = &shared->targets[i];
+
+		if (st->refs == 0)
+		{
+			if (free_idx < 0)
+				free_idx = i;
+			continue;
+		}
+		if (strcmp(st->spec, t->spec) == 0 && strcmp(st->password, pw) == 0 &&
+			strcmp(st->sentinel_password, spw) == 0)
+		{
+			st->refs++;
+			return i;
+		}
+	}
+	if (free_idx >= 0)
+	{
+		RLSharedTarget *st = &shared->targets[free_idx];
+
+		strlcpy(st->spec, t->spec, RL_TARGET_SPEC_LEN);
+		strlcpy(st->password, pw, RL_SECRET_LEN);
+		strlcpy(st->sentinel_password, spw, RL_SECRET_LEN);
+		st->refs = 1;
+	}
+	return free_idx;
+}
+
+/* Free a slot and drop its target reference; caller holds the lock */
+static void
+slot_free(int idx)
+{
+	RLSlot	   *s = &shared->slots[idx];
+	RLSharedTarget *st = &shared->targets[s->target];
+
+	s->generation++;
+	s->state = SLOT_FREE;
+	s->st.pid = 0;
+	if (--st->refs == 0)
+	{
+		explicit_bzero(st->password, RL_SECRET_LEN);
+		explicit_bzero(st->sentinel_password, RL_SECRET_LEN);
+	}
+	freelist[shared->nfree++] = idx;
 }
 
 static void
@@ -253,16 +320,16 @@ rl_registry_add(RLHeld *e)
 	if (shared == NULL)
 		return -1;
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	tidx = target_index(e->target);
+	tidx = shared->nfree > 0 ? target_ref(e->target) : -1;
 	if (shared->nfree == 0 || tidx < 0)
 	{
 		LWLockRelease(shared->lock);
-		if (tidx < 0)
+		if (shared->nfree > 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 					 errmsg("too many different Redis targets for the watchdog"),
-					 errdetail("At most %d distinct values of redis_lock.url / nodes / sentinels of at most %d bytes can be in use at once.",
-							   RL_MAX_TARGETS, RL_TARGET_SPEC_LEN - 1)));
+					 errdetail("At most %d distinct combinations of redis_lock.url / nodes / sentinels (at most %d bytes) and passwords (at most %d bytes) can hold locks at once.",
+							   RL_MAX_TARGETS, RL_TARGET_SPEC_LEN - 1, RL_SECRET_LEN - 1)));
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("too many Redis locks held"),
@@ -322,16 +389,10 @@ rl_registry_update(RLHeld *e, bool refreshed)
 void
 rl_registry_remove(RLHeld *e)
 {
-	RLSlot	   *s;
-
 	if (shared == NULL || e->registry_slot < 0)
 		return;
-	s = &shared->slots[e->registry_slot];
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	s->generation++;
-	s->state = SLOT_FREE;
-	s->st.pid = 0;
-	freelist[shared->nfree++] = e->registry_slot;
+	slot_free(e->registry_slot);
 	LWLockRelease(shared->lock);
 	e->registry_slot = -1;
 }
@@ -418,7 +479,73 @@ typedef struct Job
 	RLLockNames names;
 	int64		lease_ms;
 	TimestampTz horizon;		/* the key cannot outlive this */
+	bool		retry;			/* its last attempt failed */
 } Job;
+
+/*
+ * What the worker remembers between cycles, in its own memory.  Per slot:
+ * how many renewals or releases failed in a row and when to try again, so a
+ * Redis that is down costs a few attempts per lease, not one per cycle.
+ * Per target: whether it is failing and when that was last logged, so the
+ * log gets a line per target every LOG_EVERY_MS, not one per attempt.
+ */
+typedef struct SlotRetry
+{
+	uint32		generation;		/* of the slot when it failed */
+	int			failures;
+	long		backoff_ms;
+	TimestampTz retry_at;
+} SlotRetry;
+
+typedef struct TargetLog
+{
+	bool		failing;
+	TimestampTz logged_at;
+	int			unlogged;		/* failures since the last line */
+} TargetLog;
+
+#define RETRY_FIRST_MS	50
+#define RETRY_MAX_MS	1000
+#define LOG_EVERY_MS	10000
+
+static SlotRetry *retries = NULL;
+static TargetLog target_logs[RL_MAX_TARGETS];
+
+/* The longest back-off for a lease: well below lease/3, the renewal period */
+static long
+retry_cap(int64 lease_ms)
+{
+	return (long) Max(10, Min(RETRY_MAX_MS, lease_ms / 12));
+}
+
+static bool
+has_failed(int slot, uint32 generation)
+{
+	return retries[slot].generation == generation && retries[slot].failures > 0;
+}
+
+static void
+note_outcome(Job *j, bool failed, TimestampTz now)
+{
+	SlotRetry  *r = &retries[j->slot];
+
+	if (!failed)
+	{
+		r->failures = 0;
+		return;
+	}
+	if (r->generation != j->generation || r->failures == 0)
+	{
+		r->generation = j->generation;
+		r->failures = 0;
+		r->backoff_ms = RETRY_FIRST_MS;
+	}
+	else
+		r->backoff_ms = r->backoff_ms * 2;
+	r->backoff_ms = Min(r->backoff_ms, retry_cap(j->lease_ms));
+	r->failures++;
+	r->retry_at = TimestampTzPlusMilliseconds(now, r->backoff_ms);
+}
 
 static void
 worker_detach(int code, Datum arg)
@@ -435,28 +562,146 @@ backend_alive(int pid)
 	return BackendPidGetProc(pid) != NULL;
 }
 
+/* One line per failing target per LOG_EVERY_MS, and one when it recovers */
+static void
+log_target(int tidx, const char *spec, int nfailed, RLLockOp *failed_op)
+{
+	TargetLog  *l = &target_logs[tidx];
+	TimestampTz now = GetCurrentTimestamp();
+	const char *where = strchr(spec, '|') ? strchr(spec, '|') + 1 : spec;
+
+	if (nfailed == 0)
+	{
+		if (l->failing)
+			ereport(LOG,
+					(errmsg("redis_lock watchdog reaches Redis at %s again", where)));
+		l->failing = false;
+		l->unlogged = 0;
+		return;
+	}
+	if (l->failing &&
+		now < TimestampTzPlusMilliseconds(l->logged_at, LOG_EVERY_MS))
+	{
+		l->unlogged += nfailed;
+		return;
+	}
+	ereport(LOG,
+			(errcode(ERRCODE_CONNECTION_FAILURE),
+			 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s",
+					nfailed, where),
+			 errdetail_internal("%s", failed_op->failure && failed_op->failure->error ?
+								failed_op->failure->error : "No majority of the Redis masters answered."),
+			 l->unlogged > 0 ?
+			 errhint("%d more attempt(s) failed since the last report; retrying with back-off.",
+					 l->unlogged) :
+			 errhint("Retrying with back-off.")));
+	l->failing = true;
+	l->logged_at = now;
+	l->unlogged = 0;
+}
+
 /*
- * One pass: renew what is due, release what exited backends left.  Returns
+ * One round for some jobs of one target, with the passwords the backends
+ * used, then apply the results unless the slot changed hands meanwhile.
+ */
+static void
+run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
+{
+	RLLockOp   *ops = palloc0(sizeof(RLLockOp) * n);
+	RLTarget   *t = rl_target_from_spec(target->spec);
+	RLLockOp   *failed_op = NULL;
+	int			nfailed = 0;
+	TimestampTz now;
+	int			k;
+
+	for (k = 0; k < n; k++)
+	{
+		Job		   *j = &jobs[idx[k]];
+
+		ops[k].kind = j->kind == JOB_RENEW ? RL_OP_EXTEND : RL_OP_RELEASE;
+		ops[k].target = t;
+		ops[k].names = &j->names;
+		ops[k].lease_ms = j->lease_ms;
+	}
+	rl_use_credentials(target->password[0] ? target->password : NULL,
+					   target->sentinel_password[0] ? target->sentinel_password : NULL);
+	rl_lock_ops_run(ops, n, true);
+	rl_use_settings_credentials();
+
+	now = GetCurrentTimestamp();
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	for (k = 0; k < n; k++)
+	{
+		Job		   *j = &jobs[idx[k]];
+		RLSlot	   *s = &shared->slots[j->slot];
+		RLLockOp   *op = &ops[k];
+		int			f = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : -1;
+
+		if (f < 0)
+		{
+			nfailed++;
+			if (failed_op == NULL)
+				failed_op = op;
+		}
+		if (s->generation != j->generation || s->state == SLOT_FREE)
+			continue;
+		note_outcome(j, f < 0, now);
+		if (j->kind == JOB_RENEW)
+		{
+			/* released meanwhile (perhaps with its outcome unknown) */
+			if (s->state != SLOT_HELD)
+				continue;
+			if (f == 1)
+			{
+				s->st.last_renewed_at = now;
+				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RENEWALS], 1);
+			}
+			else if (f == 0)
+			{
+				/* token gone or changed: lost for good, never renewed again */
+				s->st.lost = true;
+				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_LOST], 1);
+				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
+			}
+		}
+		else if (f >= 0 || now > j->horizon)
+		{
+			/* released, or surely expired: the slot is free again */
+			if (f == 1)
+				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RELEASED], 1);
+			slot_free(j->slot);
+		}
+	}
+	LWLockRelease(shared->lock);
+	log_target(tidx, target->spec, nfailed, failed_op);
+}
+
+/*
+ * One pass: renew what is due, release what exited backends left.  Slots
+ * whose last attempt failed wait out their back-off; the others go first,
+ * one round per target, so that a target that is down (or slow to answer)
+ * delays the healthy ones at most once, when it starts failing.  Returns
  * how long to sleep until something else is due.
  */
 static long
 worker_cycle(void)
 {
 	Job		   *jobs;
-	RLLockOp   *ops;
+	int		   *idx;
 	int			njobs = 0;
 	int			i;
+	int			pass;
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz next_due = TimestampTzPlusMilliseconds(now, 1000);
-	char		specs[RL_MAX_TARGETS][RL_TARGET_SPEC_LEN];
-	int			ntargets;
+	RLSharedTarget *targets;
 
 	jobs = palloc(sizeof(Job) * Max(shared->nslots, 1));
+	idx = palloc(sizeof(int) * Max(shared->nslots, 1));
+	targets = palloc(sizeof(RLSharedTarget) * RL_MAX_TARGETS);
 
 	/* snapshot what needs doing */
 	LWLockAcquire(shared->lock, LW_SHARED);
-	ntargets = shared->ntargets;
-	memcpy(specs, shared->targets, sizeof(specs[0]) * ntargets);
+	memcpy(targets, shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
 	for (i = 0; i < shared->nslots; i++)
 	{
 		RLSlot	   *s = &shared->slots[i];
@@ -470,7 +715,8 @@ worker_cycle(void)
 												 rl_connect_timeout_ms);
 		if (s->state == SLOT_ORPHAN || !backend_alive(s->st.pid))
 			j->kind = JOB_RELEASE;
-		else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost)
+		else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&
+				 s->st.session_holds + s->st.xact_holds > 0)
 		{
 			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 3);
 			if (due > now)
@@ -482,6 +728,12 @@ worker_cycle(void)
 		}
 		else
 			continue;
+		j->retry = has_failed(i, s->generation);
+		if (j->retry && retries[i].retry_at > now)
+		{
+			next_due = Min(next_due, retries[i].retry_at);
+			continue;
+		}
 		j->slot = i;
 		j->generation = s->generation;
 		j->target = s->target;
@@ -494,67 +746,28 @@ worker_cycle(void)
 	}
 	LWLockRelease(shared->lock);
 
-	if (njobs == 0)
-		return Max(1, (long) ((next_due - now) / 1000));
-
-	/* one round over all targets, soft: failures are retried next cycle */
-	ops = palloc0(sizeof(RLLockOp) * njobs);
-	for (i = 0; i < njobs; i++)
+	/* pass 0: slots doing fine; pass 1: slots whose last attempt failed */
+	for (pass = 0; pass < 2 && njobs > 0; pass++)
 	{
-		Job		   *j = &jobs[i];
+		int			t;
 
-		ops[i].kind = j->kind == JOB_RENEW ? RL_OP_EXTEND : RL_OP_RELEASE;
-		ops[i].target = rl_target_from_spec(specs[j->target]);
-		ops[i].names = &j->names;
-		ops[i].lease_ms = j->lease_ms;
-	}
-	rl_lock_ops_run(ops, njobs, true);
-
-	/* apply, unless the slot changed hands meanwhile */
-	now = GetCurrentTimestamp();
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < njobs; i++)
-	{
-		Job		   *j = &jobs[i];
-		RLSlot	   *s = &shared->slots[j->slot];
-		RLLockOp   *op = &ops[i];
-		int			f = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : -1;
-
-		if (s->generation != j->generation || s->state == SLOT_FREE)
-			continue;
-		if (j->kind == JOB_RENEW)
+		for (t = 0; t < RL_MAX_TARGETS; t++)
 		{
-			if (f == 1)
-			{
-				s->st.last_renewed_at = now;
-				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RENEWALS], 1);
-			}
-			else if (f == 0)
-			{
-				/* token gone or changed: lost for good, never renewed again */
-				s->st.lost = true;
-				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_LOST], 1);
-				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
-			}
-			else
-				ereport(LOG,
-						(errmsg("redis_lock watchdog could not renew lock \"%s\": %s",
-								s->name, op->failure && op->failure->error ?
-								op->failure->error : "no majority answered")));
-		}
-		else if (f >= 0 || now > j->horizon)
-		{
-			/* released, or surely expired: the slot is free again */
-			if (f == 1)
-				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RELEASED], 1);
-			s->generation++;
-			s->state = SLOT_FREE;
-			s->st.pid = 0;
-			freelist[shared->nfree++] = j->slot;
+			int			n = 0;
+
+			for (i = 0; i < njobs; i++)
+				if (jobs[i].target == t && jobs[i].retry == (pass == 1))
+					idx[n++] = i;
+			if (n > 0)
+				run_jobs(jobs, idx, n, t, &targets[t]);
 		}
 	}
-	LWLockRelease(shared->lock);
-	return 1;
+	explicit_bzero(targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
+
+	/* with work done, look again at once: its results moved the due times */
+	if (njobs > 0)
+		return 1;
+	return Max(1, (long) ((next_due - now + 999) / 1000));
 }
 
 void
@@ -573,6 +786,8 @@ rl_watchdog_main(Datum arg)
 
 	cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock watchdog",
 								ALLOCSET_DEFAULT_SIZES);
+	retries = MemoryContextAllocZero(TopMemoryContext,
+									 sizeof(SlotRetry) * Max(shared->nslots, 1));
 	ereport(LOG, (errmsg("redis_lock watchdog started")));
 
 	for (;;)
