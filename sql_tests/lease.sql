@@ -70,6 +70,32 @@ CREATE TABLE unnamed(id int, fence bigint);
 CREATE TRIGGER fenced BEFORE INSERT ON unnamed
   FOR EACH ROW EXECUTE FUNCTION redis_lock_fence_guard();
 SELECT try($$INSERT INTO unnamed VALUES (1, 1)$$);
+-- a role that may not write fenced_items cannot poison its mark: the guard on
+-- a table of its own advances that table's mark only
+CREATE ROLE regress_fence_attacker;
+GRANT CREATE ON SCHEMA public TO regress_fence_attacker;
+SET ROLE regress_fence_attacker;
+CREATE TABLE attacker_items(id int, fence bigint);
+CREATE TRIGGER poison BEFORE INSERT ON attacker_items
+  FOR EACH ROW EXECUTE FUNCTION redis_lock_fence_guard('items');
+INSERT INTO attacker_items VALUES (1, 9223372036854775807);
+SELECT try($$SELECT redis_lock_fence_advance('fenced_items', 'items', 9223372036854775807)$$);
+RESET ROLE;
+SELECT redis_lock_acquire('items') > :items_fence AS newer_token;
+UPDATE fenced_items SET v = 'after poisoning attempt', fence = redis_lock_fence('items') WHERE id = 1;
+SELECT redis_lock_release('items');
+-- tenants (key prefixes) have marks of their own on one table
+SET redis_lock.key_prefix = 'tenantA:';
+INSERT INTO fenced_items VALUES (3, 'tenant A', 1000);
+SET redis_lock.key_prefix = 'tenantB:';
+INSERT INTO fenced_items VALUES (4, 'tenant B', 5);
+SELECT try($$INSERT INTO fenced_items VALUES (5, 'tenant B, stale', 4)$$);
+RESET redis_lock.key_prefix;
+SELECT protected_table, key_prefix, lock_name, fence > 1000000 AS clock_based
+FROM redis_lock_fence_marks ORDER BY 1, 2, 3;
+DROP TABLE attacker_items;
+REVOKE CREATE ON SCHEMA public FROM regress_fence_attacker;
+DROP ROLE regress_fence_attacker;
 DROP TABLE fenced_items, fenced_other, misfenced, unnamed;
 DROP ROLE regress_fence_user;
 \! redis-cli -p $RL_REDIS_PORT del counted-busy > /dev/null

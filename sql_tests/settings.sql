@@ -14,6 +14,11 @@ SELECT try($$SET redis_lock.url = 'redis://[::1]:6379/2'$$);
 SELECT try($$SET redis_lock.nodes = 'redis://a:1, nonsense'$$);
 SELECT try($$SET redis_lock.protocol = 'zookeeper'$$);
 SELECT try($$SELECT set_config('redis_lock.key_prefix', repeat('p', 257), false)$$);
+-- a brace in the prefix must open a whole hash tag (the fence counter shares the lock's slot)
+SELECT try($$SET redis_lock.key_prefix = 't{'$$);
+SELECT try($$SET redis_lock.key_prefix = 'a{}'$$);
+SET redis_lock.key_prefix = 'tenant{7}:';
+RESET redis_lock.key_prefix;
 SELECT try($$SET redis_lock.lease_time = '10ms'$$);
 
 -- non-superusers: may tune waits and leases, may not redirect or read secrets
