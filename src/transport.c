@@ -373,12 +373,23 @@ rl_conn_label(RLConn *conn)
 	return conn->label;
 }
 
-/* The only place a connection is closed and its hiredis memory freed */
+/*
+ * The only place a connection is closed and its hiredis memory freed.  The
+ * close is abortive (RST, SO_LINGER 0): a graceful one would let the kernel
+ * go on retransmitting what we wrote, so a command we gave up on (timed
+ * out, say, under packet loss) could still reach Redis seconds later and
+ * re-create a lock after its doubt was settled.
+ */
 void
 rl_conn_close(RLConn *conn)
 {
 	if (conn->ctx != NULL)
 	{
+		struct linger abort_close = {1, 0};
+
+		if (conn->ctx->fd >= 0)
+			(void) setsockopt(conn->ctx->fd, SOL_SOCKET, SO_LINGER,
+							  &abort_close, sizeof(abort_close));
 		redisFree(conn->ctx);
 		conn->ctx = NULL;
 		ReleaseExternalFD();
