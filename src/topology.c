@@ -338,7 +338,7 @@ parse_hostport(const char *s, char *host, size_t hostsz, int *port)
  * old map, if any, stays as it was); never raises for a Redis failure.
  */
 static bool
-load_slots(RLTarget *t, char **error)
+load_slots(RLTarget *t, const RLConn *avoid, char **error)
 {
 	RLSlotMap  *m = t->slots;
 	int			i;
@@ -360,6 +360,8 @@ load_slots(RLTarget *t, char **error)
 
 		memset(&call, 0, sizeof(call));
 		rl_call_set(&call, rl_conn_for(ep, false), 2, argv, NULL);
+		if (call.conn == avoid)
+			continue;
 		rl_run(&call, 1, RL_RUN_SOFT, rl_command_timeout_ms);
 		r = call.reply;
 		if (r == NULL || r->type != REDIS_REPLY_ARRAY)
@@ -430,7 +432,8 @@ rl_target_nodes(RLTarget *t, const char *key, size_t keylen, RLConn **conns,
 			{
 				int			owner;
 
-				if ((t->slots == NULL || !t->slots->loaded) && !load_slots(t, error))
+				if ((t->slots == NULL || !t->slots->loaded) &&
+					!load_slots(t, NULL, error))
 					return -1;
 				owner = t->slots->owner[rl_key_slot(key, keylen)];
 				conns[0] = rl_conn_for(owner >= 0 ? &t->slots->nodes[owner] : &t->endpoints[0],
@@ -515,14 +518,17 @@ node_gone(RLCall *c)
 
 /*
  * Learn again where c's key lives after its node failed: the Sentinel
- * master, or the cluster slot map (no MOVED ever comes from a dead node).
- * Each target is refreshed at most once per round (done/ndone).  Returns
- * the connection to retry on, or NULL to leave the failure as it is.
+ * master, or the cluster slot map (no MOVED ever comes from a dead node;
+ * the map is asked of the other nodes first).  Each target is refreshed at
+ * most once per round (done/ndone).  Returns the connection to retry on, or
+ * NULL to leave the failure as it is: the key still lives on the node that
+ * failed, or where it lives could not be learnt.
  */
 static RLConn *
 reroute(RLCall *c, RLTarget **done, int *ndone)
 {
 	RLTarget   *t = c->target;
+	RLConn	   *to = NULL;
 	char	   *error = NULL;
 	bool		ok = true;
 	int			i;
@@ -536,20 +542,24 @@ reroute(RLCall *c, RLTarget **done, int *ndone)
 			ok = discover_master(t, &error);
 		else
 		{
-			ok = load_slots(t, &error);
+			ok = load_slots(t, c->conn, &error);
 			if (!ok)
 				t->slots->loaded = false;	/* the next call tries again */
 		}
 	}
 	if (t->kind == RL_TOPO_SENTINEL)
-		return ok && t->master_known ? rl_conn_for(&t->master, false) : NULL;
-	if (!ok || !t->slots->loaded)
-		return NULL;
+	{
+		if (ok && t->master_known)
+			to = rl_conn_for(&t->master, false);
+	}
+	else if (ok && t->slots->loaded)
 	{
 		int			owner = t->slots->owner[rl_key_slot(c->key, c->keylen)];
 
-		return owner >= 0 ? rl_conn_for(&t->slots->nodes[owner], false) : NULL;
+		if (owner >= 0)
+			to = rl_conn_for(&t->slots->nodes[owner], false);
 	}
+	return to == c->conn ? NULL : to;
 }
 
 /*

@@ -1,0 +1,425 @@
+"""The fault matrix: every soft path x every fault the test bed can make.
+
+Soft paths are the ones that must never raise for a Redis failure (or must
+raise only the caller's own error): the release at COMMIT (with and without
+verify_on_commit), at ROLLBACK and at ROLLBACK TO SAVEPOINT, the release on
+redis_lock_with_lock's error path, settling a doubt, the watchdog's renewal
+and its release of an exited backend's locks, and the Redlock give-back.
+
+Faults: Redis stopped, frozen (SIGSTOP), answering with an error (ACL), and
+slower than command_timeout (a proxy); Sentinel and master down; a Cluster
+master down; a majority of Redlock masters stopped or frozen.
+
+Each cell checks, after the fault is healed (t/checks.py): cancel and
+statement_timeout still end a wait within 1 s; what the session believes it
+holds equals what Redis holds for it; no lease is renewed for a lock no
+session holds.  And the soft path itself returned within its bound.
+"""
+import subprocess
+import threading
+import time
+
+import psycopg2
+import pytest
+
+from checks import (assert_belief_matches_redis, assert_interruptible,
+                    assert_not_renewed, held_names, mine_in_redis)
+from conftest import Session
+import testbed
+from testbed import TIME_SCALE as S
+
+TIMEOUT_MS = 500
+LEASE = "1500ms"
+# a soft path waits at most command_timeout + connect_timeout, plus slack
+BOUND = (2 * TIMEOUT_MS / 1000.0 + 0.7) * S
+
+
+def fresh_pg(**conf):
+    conf.setdefault("redis_lock.command_timeout", "%dms" % TIMEOUT_MS)
+    conf.setdefault("redis_lock.connect_timeout", "%dms" % TIMEOUT_MS)
+    conf.setdefault("redis_lock.lease_time", LEASE)
+    pg = testbed.Postgres(conf=conf).init().start()
+    c = pg.connect()
+    c.cursor().execute("CREATE EXTENSION redis_lock")
+    c.close()
+    return pg
+
+
+# ================================================================ faults
+
+class SingleNode:
+    """One Redis behind a proxy whose delay a fault can raise."""
+
+    def __init__(self):
+        self.redis = testbed.Redis().start()
+        self.proxy = testbed.DelayProxy(self.redis.port, 0.0).start()
+        self.pg = fresh_pg(**{"redis_lock.url": self.proxy.url})
+
+    def client(self):
+        if self.redis.proc.poll() is not None:
+            self.redis.start()
+        return self.redis.client()
+
+    def close(self):
+        self.pg.cleanup()
+        self.proxy.stop()
+        self.redis.stop()
+
+
+def stop(env):
+    env.redis.kill()
+
+    def heal():
+        env.redis.start()
+    return heal
+
+
+def freeze(env):
+    env.redis.pause()
+    return env.redis.resume
+
+
+def error_reply(env):
+    c = env.redis.client()
+    c.execute_command("ACL", "SETUSER", "default", "-evalsha", "-eval")
+
+    def heal():
+        c.execute_command("ACL", "SETUSER", "default", "+@all")
+    return heal
+
+
+def slow(env):
+    env.proxy.delay = 3 * TIMEOUT_MS / 1000.0
+
+    def heal():
+        env.proxy.delay = 0.0
+    return heal
+
+
+FAULTS = {"stopped": stop, "frozen": freeze, "error-reply": error_reply, "slow": slow}
+
+
+# ================================================================ soft paths
+
+def timed(fn):
+    t0 = time.monotonic()
+    out = fn()
+    return time.monotonic() - t0, out
+
+
+def run_expect(s, q, codes):
+    """Run q; it may succeed or fail with one of codes, nothing else."""
+    try:
+        s.run(q)
+        return None
+    except psycopg2.Error as e:
+        assert e.pgcode in codes, "unexpected %s: %s" % (e.pgcode, e)
+        return e.pgcode
+
+
+REDIS_FAILURE = ("08006", "08001", "42501", "38000", "55P03")
+
+
+def path_commit(s, fault, env, verify):
+    s.run("SET redis_lock.verify_on_commit = %s" % ("on" if verify else "off"))
+    s.run("BEGIN")
+    s.run("SELECT redis_lock_acquire('m-commit', xact => true)")
+    heal = fault(env)
+    el, code = timed(lambda: run_expect(s, "COMMIT", REDIS_FAILURE + ("40001",)))
+    if not verify:
+        assert code is None, "COMMIT without verify must not fail"
+    s.run("RESET redis_lock.verify_on_commit")
+    return el, heal, ["m-commit"]
+
+
+def path_commit_verify(s, fault, env):
+    return path_commit(s, fault, env, True)
+
+
+def path_commit_no_verify(s, fault, env):
+    return path_commit(s, fault, env, False)
+
+
+def path_rollback(s, fault, env):
+    s.run("BEGIN")
+    s.run("SELECT redis_lock_acquire('m-rollback', xact => true)")
+    heal = fault(env)
+    el, code = timed(lambda: run_expect(s, "ROLLBACK", ()))
+    return el, heal, ["m-rollback"]
+
+
+def path_savepoint(s, fault, env):
+    s.run("BEGIN")
+    s.run("SAVEPOINT sp")
+    s.run("SELECT redis_lock_acquire('m-savepoint', xact => true)")
+    heal = fault(env)
+    el, code = timed(lambda: run_expect(s, "ROLLBACK TO SAVEPOINT sp", ()))
+    s.run("COMMIT")
+    return el, heal, ["m-savepoint"]
+
+
+def path_with_lock_error(s, fault, env):
+    """The query fails while Redis is faulty: its error comes back as is."""
+    box = {}
+    rc = env.client()
+
+    def body():
+        try:
+            s.run("SELECT redis_lock_with_lock('m-with', "
+                  "'SELECT 1 / g FROM pg_sleep(0.4), generate_series(0, 0) g', "
+                  "ttl => '%s')" % LEASE)
+        except psycopg2.Error as e:
+            box["code"] = e.pgcode
+        box["done"] = time.monotonic()
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    testbed.wait_until(lambda: rc.exists("m-with"), 5, 0.005, what="with_lock to acquire")
+    t0 = time.monotonic()
+    heal = fault(env)
+    t.join(30)
+    assert box.get("code") == "22012", "the query's own error must come back, got %r" % box
+    return box["done"] - t0 - 0.4, heal, ["m-with"]
+
+
+def path_settle_doubt(s, fault, env):
+    """A release fails: the lock is a doubt; the next call settles it with
+    Redis still faulty, without raising for that."""
+    s.run("SELECT redis_lock_acquire('m-doubt', ttl => '%s')" % LEASE)
+    heal = fault(env)
+    run_expect(s, "SELECT redis_lock_release('m-doubt')", REDIS_FAILURE)
+    el, _ = timed(lambda: s.run("SELECT count(*) FROM redis_lock_held()"))
+    return el, heal, ["m-doubt"]
+
+
+def path_watchdog_renew(s, fault, env):
+    """A watchdog lock while renewals fail for 2 s: afterwards it is held
+    and renewed, or reported lost; never renewed once released."""
+    s.run("SELECT redis_lock_acquire('m-renew')")
+    heal = fault(env)
+    time.sleep(2.0)
+    return 0.0, heal, ["m-renew"]
+
+
+PATHS = {
+    "commit-verify": path_commit_verify,
+    "commit": path_commit_no_verify,
+    "rollback": path_rollback,
+    "savepoint": path_savepoint,
+    "with_lock-error": path_with_lock_error,
+    "settle-doubt": path_settle_doubt,
+    "watchdog-renew": path_watchdog_renew,
+}
+
+
+def check_after(env, s, names, rc):
+    """After healing: interruptible; belief = Redis (the worker may need a
+    renewal period to notice a loss); locks not held are not renewed."""
+    assert_interruptible(env.pg, s.conn, s.pid)
+
+    def consistent():
+        return held_names(s.conn) & set(names) == mine_in_redis(s.conn, names)
+    testbed.wait_until(consistent, 3, 0.1, what="session belief to match Redis")
+    assert_belief_matches_redis(s.conn, names)
+    for n in names:
+        if n not in held_names(s.conn):
+            assert_not_renewed(rc, n, 1.0 * S)
+    s.run("SELECT redis_lock_release_all()")
+
+
+@pytest.fixture(scope="module")
+def single():
+    env = SingleNode()
+    yield env
+    env.close()
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("path", list(PATHS))
+def test_single_node(single, path, fault):
+    env = single
+    rc = env.client()
+    rc.flushall()
+    s = Session(env.pg)
+    healed = None
+    try:
+        el, healed, names = PATHS[path](s, FAULTS[fault], env)
+        assert el < BOUND, "%s under %s took %.2fs" % (path, fault, el)
+        healed()
+        healed = None
+        rc = env.client()
+        check_after(env, s, names, rc)
+    finally:
+        if healed is not None:
+            healed()
+        s.close()
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_single_node_orphan_release(single, fault):
+    """The backend exits (terminated) while Redis is faulty: the exit is
+    prompt, and the worker releases what it left once Redis answers."""
+    env = single
+    rc = env.client()
+    rc.flushall()
+    s = Session(env.pg)
+    admin = env.pg.connect()
+    s.run("SELECT redis_lock_acquire('m-orphan', ttl => '30s')")
+    heal = FAULTS[fault](env)
+    try:
+        t0 = time.monotonic()
+        assert testbed.sql_one(admin, "SELECT pg_terminate_backend(%s)", (s.pid,))
+        testbed.wait_until(lambda: not testbed.sql_one(
+            admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (s.pid,)),
+            BOUND, 0.01, what="terminated backend to exit")
+        assert time.monotonic() - t0 < 1.0 * S
+    finally:
+        heal()
+    rc = env.client()
+    testbed.wait_until(lambda: rc.exists("m-orphan") == 0, 5, 0.05,
+                       what="the worker to release the orphan")
+    testbed.wait_until(lambda: testbed.sql_one(
+        admin, "SELECT count(*) FROM redis_lock_locks") == 0, 5, 0.05, what="registry empty")
+    admin.close()
+    s.close()
+
+
+# ================================================================ Sentinel down
+
+@pytest.fixture(scope="module")
+def sentinel_env():
+    class Env:
+        pass
+    env = Env()
+    env.redis = testbed.Redis().start()
+    env.sentinels = [testbed.Sentinel(env.redis.port, quorum=1).start() for _ in range(2)]
+    env.pg = fresh_pg(**{"redis_lock.sentinels": ",".join(x.url for x in env.sentinels),
+                         "redis_lock.sentinel_master": "mymaster"})
+    env.client = lambda: env.redis.client()
+    yield env
+    env.pg.cleanup()
+    for x in env.sentinels + [env.redis]:
+        x.stop()
+
+
+def sentinel_and_master_down(env):
+    for x in env.sentinels + [env.redis]:
+        x.kill()
+
+    def heal():
+        env.redis.start()
+        for x in env.sentinels:
+            x.start()
+    return heal
+
+
+@pytest.mark.parametrize("path", ["commit", "rollback", "savepoint", "with_lock-error",
+                                  "settle-doubt"])
+def test_sentinel_and_master_down(sentinel_env, path):
+    env = sentinel_env
+    env.client().flushall()
+    s = Session(env.pg)
+    healed = None
+    try:
+        el, healed, names = PATHS[path](s, sentinel_and_master_down, env)
+        assert el < 2 * BOUND, "%s took %.2fs" % (path, el)
+        # the backend is not deaf while Redis is still unreachable either
+        assert_interruptible(env.pg, s.conn, s.pid)
+        healed()
+        healed = None
+        check_after(env, s, names, env.client())
+    finally:
+        if healed is not None:
+            healed()
+        s.close()
+
+
+# ================================================================ Cluster master down
+
+@pytest.fixture(scope="module")
+def cluster_env():
+    class Env:
+        pass
+    env = Env()
+    env.nodes = [testbed.cluster_node().start() for _ in range(3)]
+    testbed.create_cluster(env.nodes)
+    env.pg = fresh_pg(**{"redis_lock.url": env.nodes[0].url, "redis_lock.cluster": "on"})
+    yield env
+    env.pg.cleanup()
+    for n in env.nodes:
+        n.stop()
+
+
+def owner_of(nodes, key):
+    c = nodes[0].client()
+    slot = c.execute_command("CLUSTER", "KEYSLOT", key)
+    for start, end, master, *rest in c.execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return next(n for n in nodes if n.port == master[1])
+    raise AssertionError("no owner")
+
+
+@pytest.mark.parametrize("path", ["commit", "rollback", "savepoint", "settle-doubt"])
+def test_cluster_master_down(cluster_env, path):
+    """The master owning the lock's slot is frozen (its slots stay assigned
+    to it: no replicas), the others answer."""
+    env = cluster_env
+    name = {"commit": "m-commit", "rollback": "m-rollback", "savepoint": "m-savepoint",
+            "settle-doubt": "m-doubt"}[path]
+    owner = owner_of(env.nodes, name)
+    env.redis = owner
+    env.client = lambda: owner.client()
+    s = Session(env.pg)
+    healed = None
+    try:
+        el, healed, names = PATHS[path](s, freeze, env)
+        assert el < BOUND, "%s took %.2fs" % (path, el)
+        healed()
+        healed = None
+        check_after(env, s, names, owner.client())
+    finally:
+        if healed is not None:
+            healed()
+        s.close()
+
+
+# ================================================================ Redlock give-back
+
+@pytest.fixture(scope="module")
+def redlock_env():
+    class Env:
+        pass
+    env = Env()
+    env.masters = [testbed.Redis().start() for _ in range(3)]
+    env.pg = fresh_pg(**{"redis_lock.nodes": ",".join(m.url for m in env.masters)})
+    yield env
+    env.pg.cleanup()
+    for m in env.masters:
+        m.stop()
+
+
+@pytest.mark.parametrize("fault", ["stopped", "frozen"])
+def test_redlock_majority_down_gives_back(redlock_env, fault):
+    """Two of three masters fail: the grant on the third is given back (or
+    left as a doubt and settled), and the wait stays interruptible."""
+    env = redlock_env
+    for m in env.masters:
+        if m.proc.poll() is not None:
+            m.start()
+        m.client().flushall()
+    s = Session(env.pg)
+    down = env.masters[:2]
+    for m in down:
+        m.kill() if fault == "stopped" else m.pause()
+    try:
+        el, code = timed(lambda: run_expect(
+            s, "SELECT redis_lock_try_acquire('m-redlock', wait => '1500ms')",
+            REDIS_FAILURE))
+        assert el < 1.5 * S + BOUND
+        assert_interruptible(env.pg, s.conn, s.pid)
+    finally:
+        for m in down:
+            m.start() if fault == "stopped" else m.resume()
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+    testbed.wait_until(lambda: sum(m.client().exists("m-redlock") for m in env.masters) == 0,
+                       3, 0.05, what="partial grants given back")
+    s.close()
