@@ -427,9 +427,9 @@ redis_lock_status(PG_FUNCTION_ARGS)
 		const char *t;
 		bool		this_mine = false;
 
-		if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+		if (!rl_inspect_reply_valid(r))
 			continue;
-		t = r->element[0]->str ? r->element[0]->str : "none";
+		t = r->element[0]->str;
 		if (strcmp(t, "none") == 0)
 			continue;
 		locked++;

@@ -146,6 +146,7 @@ entry_create(const char *name)
 	RLLockNames names;
 	RLHeld	   *e;
 	bool		found;
+	RLTarget   *target = rl_current_target();	/* may raise: nothing made yet */
 
 	memset(&names, 0, sizeof(names));
 	rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
@@ -165,7 +166,7 @@ entry_create(const char *name)
 	held_peak = Max(held_peak, hash_get_num_entries(held));
 	memset(((char *) e) + offsetof(RLHeld, target), 0,
 		   sizeof(RLHeld) - offsetof(RLHeld, target));
-	e->target = rl_current_target();
+	e->target = target;
 	e->names = names;
 	e->registry_slot = -1;
 	ndoubts++;

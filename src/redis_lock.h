@@ -290,6 +290,7 @@ extern void rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n,
 extern void rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_parse_acquire(RLCall *call, RLAcquireResult *res);
+extern bool rl_inspect_reply_valid(const RLReply *r);
 
 /*
  * One lock operation on every node its target puts the key on, with the

@@ -635,6 +635,12 @@ reply_error_text(RLCall *call)
 					rl_conn_label(call->conn), call->reply->type);
 }
 
+static bool
+is_text(const RLReply *r)
+{
+	return r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
+}
+
 void
 rl_parse_acquire(RLCall *call, RLAcquireResult *res)
 {
@@ -643,29 +649,62 @@ rl_parse_acquire(RLCall *call, RLAcquireResult *res)
 	memset(res, 0, sizeof(*res));
 	res->outcome = RL_ACQ_FAILED;
 	res->failure = call;
+	/* {1, fence} | {0, pttl[, publishes]} | {-1, type}; anything else failed */
 	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-		r->element[0]->type != REDIS_REPLY_INTEGER)
+		r->elements > 3 || r->element[0]->type != REDIS_REPLY_INTEGER)
 		return;
 	switch (r->element[0]->integer)
 	{
 		case 1:
+			if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_INTEGER)
+				break;
 			res->outcome = RL_ACQ_GRANTED;
 			res->fence = r->element[1]->integer;
 			break;
 		case 0:
+			if (r->element[1]->type != REDIS_REPLY_INTEGER ||
+				(r->elements == 3 && r->element[2]->type != REDIS_REPLY_INTEGER))
+				break;
 			res->outcome = RL_ACQ_BUSY;
 			res->pttl = r->element[1]->integer;
-			res->holder_publishes = r->elements > 2 && r->element[2]->integer == 1;
+			res->holder_publishes = r->elements == 3 && r->element[2]->integer == 1;
 			break;
 		case -1:
+			if (r->elements != 2 || !is_text(r->element[1]))
+				break;
 			res->outcome = RL_ACQ_WRONGTYPE;
-			res->type = r->element[1]->str ? r->element[1]->str : "unknown";
+			res->type = r->element[1]->str;
 			break;
 		default:
 			break;
 	}
 	if (res->outcome != RL_ACQ_FAILED)
 		res->failure = NULL;
+}
+
+/*
+ * Is this the inspect script's reply: {type, pttl[, value or field names]},
+ * every part of the type the script returns?
+ */
+bool
+rl_inspect_reply_valid(const RLReply *r)
+{
+	size_t		i;
+
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+		r->elements > 3 || !is_text(r->element[0]) ||
+		r->element[1]->type != REDIS_REPLY_INTEGER)
+		return false;
+	if (r->elements == 2)
+		return true;
+	if (is_text(r->element[2]))
+		return true;
+	if (r->element[2]->type != REDIS_REPLY_ARRAY)
+		return false;
+	for (i = 0; i < r->element[2]->elements; i++)
+		if (!is_text(r->element[2]->element[i]))
+			return false;
+	return true;
 }
 
 /*
@@ -681,7 +720,8 @@ rl_parse_flag(RLCall *call, char **error)
 	if (r != NULL && r->type == REDIS_REPLY_INTEGER)
 		return r->integer ? 1 : 0;
 	if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-		r->element[1]->type == REDIS_REPLY_STRING)
+		r->element[0]->type == REDIS_REPLY_INTEGER &&
+		r->element[0]->integer == -1 && is_text(r->element[1]))
 	{
 		*error = psprintf("wrongtype:%s", r->element[1]->str);
 		return -1;
@@ -750,7 +790,7 @@ count_answer(RLLockOp *op, RLCall *call)
 	}
 	else if (op->kind == RL_OP_INSPECT)
 	{
-		if (call->reply != NULL && call->reply->type == REDIS_REPLY_ARRAY)
+		if (rl_inspect_reply_valid(call->reply))
 		{
 			op->yes++;
 			return;

@@ -75,6 +75,16 @@ rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
 		*errmsg = "The URL is empty.";
 		return false;
 	}
+	/* lists split on these, and target specs on "|" (topology.c) */
+	for (p = url; *p; p++)
+	{
+		if (*p == ',' || *p == '|' || isspace((unsigned char) *p) ||
+			iscntrl((unsigned char) *p))
+		{
+			*errmsg = "A URL must not contain spaces, control characters, \",\" or \"|\".";
+			return false;
+		}
+	}
 	if (strncmp(url, "rediss://", 9) == 0)
 	{
 		*errmsg = "TLS (rediss://) is not supported by this build.";
@@ -147,7 +157,9 @@ rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
 		long		port;
 
 		errno = 0;
-		port = strtol(p + 1, &end, 10);
+		port = isdigit((unsigned char) p[1]) ? strtol(p + 1, &end, 10) : 0;
+		if (port == 0)
+			end = (char *) p + 1;
 		if (end == p + 1 || errno != 0 || port < 1 || port > 65535 ||
 			(*end != '\0' && *end != '/'))
 		{
@@ -166,7 +178,9 @@ rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
 		if (*p != '\0')
 		{
 			errno = 0;
-			db = strtol(p, &end, 10);
+			db = isdigit((unsigned char) *p) ? strtol(p, &end, 10) : -1;
+			if (db < 0)
+				end = (char *) p;
 			if (end == p || *end != '\0' || errno != 0 || db < 0 || db > INT_MAX)
 			{
 				*errmsg = "The database in the URL must be a non-negative number.";
@@ -243,6 +257,23 @@ check_url_list_of(const char *list, int max, const char *what)
 		}
 	}
 	pfree(copy);
+	if (n == 0)
+	{
+		GUC_check_errdetail("The list names no URL; leave it empty to not use %s.", what);
+		return false;
+	}
+	return true;
+}
+
+/* The name goes into the target spec, whose fields "|" separates */
+static bool
+check_master_name(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || **newval == '\0' || strchr(*newval, '|') != NULL)
+	{
+		GUC_check_errdetail("The master name must be non-empty and must not contain \"|\".");
+		return false;
+	}
 	return true;
 }
 
@@ -443,7 +474,7 @@ rl_define_settings(void)
 							   "mymaster",
 							   PGC_SUSET,
 							   0,
-							   NULL, bump_generation, NULL);
+							   check_master_name, bump_generation, NULL);
 
 	DefineCustomBoolVariable("redis_lock.cluster",
 							 "Treat redis_lock.url as a seed node of a Redis Cluster.",

@@ -259,7 +259,9 @@ discover_master(RLTarget *t, char **error)
 		char	   *end;
 		long		port;
 
-		if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2)
+		if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+			r->element[0]->type != REDIS_REPLY_STRING ||
+			r->element[1]->type != REDIS_REPLY_STRING)
 		{
 			if (why == NULL)
 				why = calls[i].error ? calls[i].error :
@@ -268,9 +270,11 @@ discover_master(RLTarget *t, char **error)
 			continue;
 		}
 		ep = t->data;
+		if (r->element[0]->len == 0 || r->element[0]->len >= sizeof(ep.host))
+			continue;
 		strlcpy(ep.host, r->element[0]->str, sizeof(ep.host));
 		port = strtol(r->element[1]->str, &end, 10);
-		if (*end != '\0' || port <= 0 || port > 65535)
+		if (end == r->element[1]->str || *end != '\0' || port <= 0 || port > 65535)
 			continue;
 		ep.port = (int) port;
 		if (t->master_known && strcmp(t->master.host, ep.host) == 0 &&
@@ -376,19 +380,34 @@ load_slots(RLTarget *t, const RLConn *avoid, char **error)
 		{
 			RLReply    *range = r->element[k];
 			RLReply    *master;
+			const char *host;
+			long long	first;
+			long long	last;
+			long long	port;
 			int			idx;
-			long		s1;
+			int			s1;
 
-			if (range->type != REDIS_REPLY_ARRAY || range->elements < 3)
+			/* {first slot, last slot, {host, port, ...}, replicas...} */
+			if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
+				range->element[0]->type != REDIS_REPLY_INTEGER ||
+				range->element[1]->type != REDIS_REPLY_INTEGER)
 				continue;
+			first = range->element[0]->integer;
+			last = range->element[1]->integer;
 			master = range->element[2];
-			if (master->type != REDIS_REPLY_ARRAY || master->elements < 2)
+			if (first < 0 || last > 16383 || first > last ||
+				master->type != REDIS_REPLY_ARRAY || master->elements < 2 ||
+				master->element[0]->type != REDIS_REPLY_STRING ||
+				master->element[0]->len >= sizeof(ep->host) ||
+				master->element[1]->type != REDIS_REPLY_INTEGER)
 				continue;
-			idx = slot_node_index(m, &t->endpoints[0],
-								  master->element[0]->str && master->element[0]->str[0] ?
-								  master->element[0]->str : ep->host,
-								  (int) master->element[1]->integer);
-			for (s1 = range->element[0]->integer; s1 <= range->element[1]->integer && s1 < 16384; s1++)
+			port = master->element[1]->integer;
+			if (port < 1 || port > 65535)
+				continue;
+			/* an empty host means "the node you asked" */
+			host = master->element[0]->len > 0 ? master->element[0]->str : ep->host;
+			idx = slot_node_index(m, &t->endpoints[0], host, (int) port);
+			for (s1 = (int) first; s1 <= (int) last; s1++)
 				m->owner[s1] = (int16) idx;
 		}
 		m->loaded = true;

@@ -229,6 +229,41 @@ wait_sockets(SockWait *sw, long timeout_ms)
  * Replies
  * ----------------------------------------------------------------
  */
+/*
+ * hiredis allocates an array reply's element pointers as soon as it reads
+ * the header: "*1000000000" alone would make it allocate 8 GB, and freeing
+ * that later would take seconds nothing can interrupt.  No reply we ask for
+ * comes near RL_MAX_REPLY_ELEMENTS; a larger one is a protocol error.
+ */
+#define RL_MAX_REPLY_ELEMENTS	(1 << 20)
+
+static redisReplyObjectFunctions bounded_functions;
+static void *(*hiredis_create_array) (const redisReadTask *task, int elements) = NULL;
+static bool reply_too_large = false;
+
+static void *
+bounded_create_array(const redisReadTask *task, int elements)
+{
+	if (elements > RL_MAX_REPLY_ELEMENTS)
+	{
+		reply_too_large = true;
+		return NULL;			/* hiredis reports it as an error */
+	}
+	return hiredis_create_array(task, elements);
+}
+
+static void
+bound_reply_sizes(redisContext *ctx)
+{
+	if (hiredis_create_array == NULL)
+	{
+		bounded_functions = *ctx->reader->fn;
+		hiredis_create_array = bounded_functions.createArray;
+		bounded_functions.createArray = bounded_create_array;
+	}
+	ctx->reader->fn = &bounded_functions;
+}
+
 static RLReply *
 copy_reply(redisReply *r)
 {
@@ -262,9 +297,14 @@ next_reply(RLConn *conn, RLReply **out, char **errmsg)
 	void	   *raw = NULL;
 
 	*out = NULL;
+	reply_too_large = false;
 	if (redisGetReplyFromReader(conn->ctx, &raw) != REDIS_OK)
 	{
-		*errmsg = pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "protocol error");
+		if (reply_too_large)
+			*errmsg = psprintf("an array reply has more than %d elements",
+							   RL_MAX_REPLY_ELEMENTS);
+		else
+			*errmsg = pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "protocol error");
 		return false;
 	}
 	if (raw == NULL)
@@ -407,6 +447,28 @@ rl_close_all(void)
 		rl_conn_close(c);
 }
 
+/*
+ * Has an idle command connection bytes (or an EOF) that no command asked
+ * for?  Then its replies and our commands are out of step: a reply read next
+ * would be taken for the answer to the next command.  Subscriber
+ * connections get pushes by design and are not asked.
+ */
+static bool
+has_unasked_bytes(RLConn *conn)
+{
+	char		c;
+	ssize_t		n;
+
+	if (conn->subscriber)
+		return false;
+	if (conn->ctx->reader->pos < conn->ctx->reader->len)
+		return true;
+	n = recv(conn->ctx->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n >= 0)
+		return true;			/* data, or the peer closed */
+	return errno != EAGAIN && errno != EWOULDBLOCK;
+}
+
 static void
 run_fail(RunConn *rc, int errcode, char *msg)
 {
@@ -462,6 +524,7 @@ start_connect(RunConn *rc, TimestampTz now)
 		rc->errmsg = msg;
 		return;
 	}
+	bound_reply_sizes(conn->ctx);
 	wes_invalidate();
 	if (conn->ever_connected)
 	{
@@ -898,10 +961,13 @@ run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		RunConn    *rc = &runs[i];
 		RLConn	   *conn = rc->conn;
 
-		/* a connection left mid-reply or set up with old settings */
+		/*
+		 * A connection left mid-reply, set up with old settings, or holding
+		 * bytes nobody asked for (they would be taken for the next reply)
+		 */
 		if (conn->ctx != NULL &&
 			(conn->busy || conn->generation != rl_settings_generation ||
-			 conn->ctx->err))
+			 conn->ctx->err || has_unasked_bytes(conn)))
 			rl_conn_close(conn);
 		queue_run(rc, now);
 		/* first write attempt; usually everything fits the socket buffer */
