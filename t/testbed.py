@@ -81,6 +81,27 @@ def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
         time.sleep(interval)
 
 
+# scripts/assert-check: a server's log goes away with its directory, so when
+# RL_TRAP_LOG names a file, cleanup first appends to it the log lines that
+# report a failed Assert() or a server process killed by SIGABRT/SIGSEGV.
+_TRAP_MARKERS = ("TRAP:", "terminated by signal 6", "terminated by signal 11")
+
+
+def save_traps(logfile):
+    dest = os.environ.get("RL_TRAP_LOG")
+    if not dest:
+        return
+    try:
+        with open(logfile, errors="replace") as f:
+            hits = [line for line in f if any(m in line for m in _TRAP_MARKERS)]
+    except OSError:
+        return
+    if hits:
+        with open(dest, "a") as out:
+            out.write("== %s\n" % logfile)
+            out.writelines(hits)
+
+
 def _as_pg_user(cmd):
     if os.geteuid() == 0:
         return ["runuser", "-u", RLTEST_USER, "--"] + cmd
@@ -309,6 +330,7 @@ class Postgres:
 
     def cleanup(self):
         self.stop("immediate")
+        save_traps(self.log)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -409,6 +431,7 @@ def _cli(argv):
             os.kill(int(env["RL_REDIS_PID"]), signal.SIGTERM)
         except ProcessLookupError:
             pass
+        save_traps(os.path.join(env["RL_PG_BASE"], "postgres.log"))
         shutil.rmtree(env["RL_PG_BASE"], ignore_errors=True)
 
 
