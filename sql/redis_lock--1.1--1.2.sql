@@ -15,14 +15,28 @@ ALTER TABLE redis_lock_fence_marks
   ADD COLUMN key_prefix text NOT NULL DEFAULT '';
 ALTER TABLE redis_lock_fence_marks DROP CONSTRAINT redis_lock_fence_marks_pkey;
 
--- every guarded table keeps the mark it had under its lock name
-INSERT INTO redis_lock_fence_marks (lock_name, fence, updated_at, protected_table)
-SELECT m.lock_name, m.fence, m.updated_at, t.tgrelid
+-- Every guarded table keeps the mark it had under its lock name, for every
+-- key prefix its writers may use: none, and each one set with ALTER ROLE /
+-- ALTER DATABASE (1.1 shared one mark among all prefixes).  A table with
+-- several guard triggers naming one lock gets one mark.
+INSERT INTO redis_lock_fence_marks (lock_name, fence, updated_at, protected_table, key_prefix)
+SELECT DISTINCT ON (g.relid, p.prefix, m.lock_name)
+       m.lock_name, m.fence, m.updated_at, g.relid, p.prefix
 FROM redis_lock_fence_marks m
-JOIN pg_catalog.pg_trigger t
-  ON t.tgfoid = 'redis_lock_fence_guard()'::pg_catalog.regprocedure
- AND t.tgnargs >= 1
- AND pg_catalog.split_part(pg_catalog.encode(t.tgargs, 'escape'), '\000', 1) = m.lock_name;
+JOIN (SELECT COALESCE(pg_catalog.pg_partition_root(t.tgrelid), t.tgrelid) AS relid,
+             pg_catalog.convert_from(
+               pg_catalog.substring(t.tgargs, 1,
+                 pg_catalog.position(t.tgargs, '\x00'::bytea) - 1),
+               pg_catalog.getdatabaseencoding()) AS lock_name
+      FROM pg_catalog.pg_trigger t
+      WHERE t.tgfoid = 'redis_lock_fence_guard()'::pg_catalog.regprocedure
+        AND t.tgnargs >= 1) g ON g.lock_name = m.lock_name
+CROSS JOIN (SELECT '' AS prefix
+            UNION
+            SELECT pg_catalog.substr(c, pg_catalog.strpos(c, '=') + 1)
+            FROM pg_catalog.pg_db_role_setting s, pg_catalog.unnest(s.setconfig) c
+            WHERE c LIKE 'redis\_lock.key\_prefix=%') p
+ORDER BY g.relid, p.prefix, m.lock_name, m.fence DESC;
 
 ALTER TABLE redis_lock_fence_marks
   ADD CONSTRAINT redis_lock_fence_marks_pkey
@@ -103,7 +117,29 @@ BEGIN
       USING ERRCODE = 'null_value_not_allowed',
             HINT = format('Set %I = redis_lock_fence(%L) while holding the lock.', col, TG_ARGV[0]);
   END IF;
-  PERFORM @extschema@.redis_lock_fence_advance(TG_RELID, TG_ARGV[0], token);
+  -- a partitioned table has one mark, whichever partition the row is in
+  PERFORM @extschema@.redis_lock_fence_advance(
+    COALESCE(pg_partition_root(TG_RELID), TG_RELID), TG_ARGV[0], token);
   RETURN NEW;
 END
 $$;
+
+-- A dropped table's marks go with it: its OID may be reused by a new table,
+-- which must not inherit them.
+CREATE FUNCTION redis_lock_fence_marks_forget_dropped()
+RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  DELETE FROM @extschema@.redis_lock_fence_marks m
+  USING pg_event_trigger_dropped_objects() d
+  WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
+    AND m.protected_table::oid = d.objid;
+END
+$$;
+REVOKE ALL ON FUNCTION redis_lock_fence_marks_forget_dropped() FROM PUBLIC;
+
+CREATE EVENT TRIGGER redis_lock_fence_marks_drop ON sql_drop
+  WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+  EXECUTE FUNCTION redis_lock_fence_marks_forget_dropped();

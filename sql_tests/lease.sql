@@ -98,4 +98,16 @@ REVOKE CREATE ON SCHEMA public FROM regress_fence_attacker;
 DROP ROLE regress_fence_attacker;
 DROP TABLE fenced_items, fenced_other, misfenced, unnamed;
 DROP ROLE regress_fence_user;
+-- a partitioned table has one mark for all its partitions; a dropped table's
+-- marks go with it
+CREATE TABLE fenced_parts(id int, fence bigint) PARTITION BY RANGE (id);
+CREATE TABLE fenced_parts_1 PARTITION OF fenced_parts FOR VALUES FROM (0) TO (10);
+CREATE TABLE fenced_parts_2 PARTITION OF fenced_parts FOR VALUES FROM (10) TO (20);
+CREATE TRIGGER fenced BEFORE INSERT OR UPDATE ON fenced_parts
+  FOR EACH ROW EXECUTE FUNCTION redis_lock_fence_guard('parts');
+INSERT INTO fenced_parts VALUES (1, 50);
+SELECT try($$INSERT INTO fenced_parts VALUES (15, 49)$$);
+SELECT protected_table, lock_name, fence FROM redis_lock_fence_marks WHERE lock_name = 'parts';
+DROP TABLE fenced_parts;
+SELECT count(*) AS marks_left FROM redis_lock_fence_marks WHERE protected_table <> 0;
 \! redis-cli -p $RL_REDIS_PORT del counted-busy > /dev/null

@@ -516,13 +516,14 @@ settle_doubts(void)
 	RLHeld	   *e;
 	RLHeld	  **ents;
 	int			n = 0;
+	int			cap = ndoubts;
 	TimestampTz now = GetCurrentTimestamp();
 	MemoryContext old;
 
 	if (ndoubts <= 0 || held == NULL)
 		return;
 	old = MemoryContextSwitchTo(work_cxt);
-	ents = palloc(sizeof(RLHeld *) * ndoubts);
+	ents = palloc(sizeof(RLHeld *) * cap);
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
@@ -530,7 +531,7 @@ settle_doubts(void)
 			continue;
 		if (e->expires_at != 0 && now > e->expires_at)
 			entry_remove(e);
-		else if (n < ndoubts)
+		else if (n < cap)
 			ents[n++] = e;
 	}
 	release_soft(ents, n, NULL);
@@ -815,6 +816,11 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 	}
 	if (e == NULL)
 		e = entry_create(name);
+	else if (e->registry_slot >= 0)
+	{
+		/* a doubt taken again: register it with the passwords of now */
+		rl_registry_remove(e);
+	}
 	e->lease_ms = lease_ms;
 	if (rl_watchdog_enabled() && e->registry_slot < 0)
 		e->registry_slot = rl_registry_add(e);

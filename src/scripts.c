@@ -854,6 +854,9 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 {
 	RLCall	   *calls;
 	bool	   *unrouted;
+	RLTarget  **lost_targets;	/* topology not learnt this round... */
+	char	  **lost_errors;	/* ...and why */
+	int			nlost = 0;
 	int			total = 0;
 	int			k = 0;
 	int			i;
@@ -867,6 +870,8 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 	}
 	calls = palloc0(sizeof(RLCall) * Max(total, 1));
 	unrouted = palloc0(sizeof(bool) * nops);
+	lost_targets = palloc(sizeof(RLTarget *) * nops);
+	lost_errors = palloc(sizeof(char *) * nops);
 
 	start = GetCurrentTimestamp();
 	for (i = 0; i < nops; i++)
@@ -883,6 +888,15 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 		op->fence_value = op->pttl = 0;
 		op->replicas_short = 0;
 		op->calls = &calls[k];
+		/* a topology that could not be learnt is not asked again this round */
+		for (j = 0; j < nlost && lost_targets[j] != op->target; j++)
+			;
+		if (j < nlost)
+		{
+			fail_unrouted(op, lost_errors[j]);
+			unrouted[i] = true;
+			continue;
+		}
 		if (soft)
 			op->nodes = rl_target_nodes(op->target, op->names->key,
 										op->names->keylen, conns, false, &error);
@@ -891,6 +905,8 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 												 op->names->keylen, conns, false);
 		if (op->nodes < 0)
 		{
+			lost_targets[nlost] = op->target;
+			lost_errors[nlost++] = error;
 			fail_unrouted(op, error);
 			unrouted[i] = true;
 			continue;
@@ -936,6 +952,8 @@ rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
 		}
 	}
 	pfree(unrouted);
+	pfree(lost_targets);
+	pfree(lost_errors);
 }
 
 /*

@@ -243,7 +243,9 @@ discover_master(RLTarget *t, char **error)
 	RLCall	   *calls = palloc0(sizeof(RLCall) * t->nendpoints);
 	int			i;
 	char	   *why = NULL;
+	RLEndpoint	refused;		/* the address ROLE last refused */
 
+	refused.port = 0;
 	t->master_known = false;
 	for (i = 0; i < t->nendpoints; i++)
 	{
@@ -277,8 +279,8 @@ discover_master(RLTarget *t, char **error)
 		if (end == r->element[1]->str || *end != '\0' || port <= 0 || port > 65535)
 			continue;
 		ep.port = (int) port;
-		if (t->master_known && strcmp(t->master.host, ep.host) == 0 &&
-			t->master.port == ep.port)
+		/* Sentinels mostly name the same address: ask its ROLE once */
+		if (refused.port == ep.port && strcmp(refused.host, ep.host) == 0)
 			continue;
 		if (is_master(&ep))
 		{
@@ -286,6 +288,7 @@ discover_master(RLTarget *t, char **error)
 			t->master_known = true;
 			break;
 		}
+		refused = ep;
 		why = psprintf("%s:%d, named by the Sentinel at %s, is not a master (yet)",
 					   ep.host, ep.port, rl_conn_label(calls[i].conn));
 	}
@@ -376,6 +379,9 @@ load_slots(RLTarget *t, const RLConn *avoid, char **error)
 							 r && r->str ? r->str : "no slot map");
 			continue;
 		}
+		/* a slot the new map does not name has no known owner */
+		for (k = 0; k < 16384; k++)
+			m->owner[k] = -1;
 		for (k = 0; k < r->elements; k++)
 		{
 			RLReply    *range = r->element[k];

@@ -234,10 +234,13 @@ or_empty(const char *s)
 	return s ? s : "";
 }
 
+#define TARGET_TABLE_FULL	(-1)
+#define TARGET_TOO_LONG		(-2)
+
 /*
  * Index of the entry for the target and the current passwords, taking a
- * reference to it; -1 when the table is full or a text is too long.  The
- * caller holds the lock exclusively.
+ * reference to it; TARGET_TABLE_FULL or TARGET_TOO_LONG when there is none.
+ * The caller holds the lock exclusively.
  */
 static int
 target_ref(RLTarget *t)
@@ -249,7 +252,7 @@ target_ref(RLTarget *t)
 
 	if (strlen(t->spec) >= RL_TARGET_SPEC_LEN || strlen(pw) >= RL_SECRET_LEN ||
 		strlen(spw) >= RL_SECRET_LEN)
-		return -1;
+		return TARGET_TOO_LONG;
 	for (i = 0; i < RL_MAX_TARGETS; i++)
 	{
 		RLSharedTarget *st = &shared->targets[i];
@@ -276,7 +279,7 @@ target_ref(RLTarget *t)
 		strlcpy(st->sentinel_password, spw, RL_SECRET_LEN);
 		st->refs = 1;
 	}
-	return free_idx;
+	return free_idx >= 0 ? free_idx : TARGET_TABLE_FULL;
 }
 
 /* Free a slot and drop its target reference; caller holds the lock */
@@ -316,26 +319,34 @@ rl_registry_add(RLHeld *e)
 	RLSlot	   *s;
 	int			idx;
 	int			tidx;
+	int			nfree;
 
 	if (shared == NULL)
 		return -1;
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	tidx = shared->nfree > 0 ? target_ref(e->target) : -1;
-	if (shared->nfree == 0 || tidx < 0)
+	nfree = shared->nfree;
+	tidx = nfree > 0 ? target_ref(e->target) : TARGET_TABLE_FULL;
+	if (nfree == 0 || tidx < 0)
 	{
 		LWLockRelease(shared->lock);
-		if (shared->nfree > 0)
+		if (nfree == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("too many different Redis targets for the watchdog"),
-					 errdetail("At most %d distinct combinations of redis_lock.url / nodes / sentinels (at most %d bytes) and passwords (at most %d bytes) can hold locks at once.",
-							   RL_MAX_TARGETS, RL_TARGET_SPEC_LEN - 1, RL_SECRET_LEN - 1)));
+					 errmsg("too many Redis locks held"),
+					 errdetail("All backends together hold redis_lock.max_locks = %d locks.",
+							   shared->nslots),
+					 errhint("Release locks, or raise redis_lock.max_locks (takes effect at server restart).")));
+		if (tidx == TARGET_TOO_LONG)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("Redis location or password too long for the watchdog"),
+					 errdetail("The watchdog keeps redis_lock.url / nodes / sentinels of at most %d bytes and passwords of at most %d bytes.",
+							   RL_TARGET_SPEC_LEN - 1, RL_SECRET_LEN - 1)));
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("too many Redis locks held"),
-				 errdetail("All backends together hold redis_lock.max_locks = %d locks.",
-						   shared->nslots),
-				 errhint("Release locks, or raise redis_lock.max_locks (takes effect at server restart).")));
+				 errmsg("too many different Redis targets for the watchdog"),
+				 errdetail("At most %d distinct combinations of redis_lock.url / nodes / sentinels and passwords can hold locks at once.",
+						   RL_MAX_TARGETS)));
 	}
 	idx = freelist[--shared->nfree];
 	s = &shared->slots[idx];
@@ -373,6 +384,9 @@ rl_registry_update(RLHeld *e, bool refreshed)
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	if (s->state == SLOT_RESERVED && RL_HOLDS(e) > 0)
 		s->st.acquired_at = e->acquired_at;
+	/* a renewal or loss the worker found for the old holds lands nowhere */
+	if (s->state == SLOT_HELD && RL_HOLDS(e) == 0)
+		s->generation++;
 	s->state = RL_HOLDS(e) > 0 ? SLOT_HELD : SLOT_RESERVED;
 	s->st.watchdog = e->watchdog;
 	s->st.lost = s->st.lost || e->lost;
@@ -746,14 +760,21 @@ worker_cycle(void)
 	}
 	LWLockRelease(shared->lock);
 
-	/* pass 0: slots doing fine; pass 1: slots whose last attempt failed */
+	/*
+	 * pass 0: slots doing fine, on targets that answered last time first;
+	 * pass 1: slots whose last attempt failed
+	 */
 	for (pass = 0; pass < 2 && njobs > 0; pass++)
 	{
-		int			t;
+		int			k;
 
-		for (t = 0; t < RL_MAX_TARGETS; t++)
+		for (k = 0; k < 2 * RL_MAX_TARGETS; k++)
 		{
+			int			t = k % RL_MAX_TARGETS;
 			int			n = 0;
+
+			if (target_logs[t].failing != (k >= RL_MAX_TARGETS))
+				continue;
 
 			for (i = 0; i < njobs; i++)
 				if (jobs[i].target == t && jobs[i].retry == (pass == 1))

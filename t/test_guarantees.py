@@ -153,6 +153,32 @@ def test_abort_with_sentinel_and_master_gone_keeps_backend_interruptible(sentine
     assert_interruptible(pg, a.conn, a.pid, terminate=True)
 
 
+def test_unreachable_topology_is_asked_once_per_round_trip(sentinel_env):
+    """Sentinels and master frozen, the master forgotten after a failed
+    discovery: ROLLBACK releasing 10 locks asks the Sentinels once, not once
+    per lock (interrupts are held there: each ask would cost a timeout)."""
+    master, sentinels, pg = sentinel_env
+    a = Session(pg, autocommit=False)
+    assert a.run("SELECT count(redis_lock_acquire('r' || g, xact => true)) "
+                 "FROM generate_series(1, 10) g") == 10
+    for x in sentinels + [master]:
+        x.pause()
+    try:
+        b = Session(pg)
+        with pytest.raises(psycopg2.Error):
+            b.run("SELECT redis_lock_acquire('other', wait => '0')")   # forgets the master
+        t0 = time.monotonic()
+        a.conn.rollback()
+        elapsed = time.monotonic() - t0
+        print("\nROLLBACK of 10 locks, Sentinels and master frozen: %.2f s" % elapsed)
+        assert elapsed < 2.5 * S
+        b.close()
+    finally:
+        for x in sentinels + [master]:
+            x.resume()
+    a.close()
+
+
 @pytest.fixture
 def delayed_masters():
     """3 Redlock masters, each behind a proxy adding 60 ms per hop."""
@@ -372,15 +398,39 @@ def test_upgrade_from_1_1_keeps_marks_per_guarded_table(env):
     a = Session(pg, dbname="up")
     a.run("CREATE EXTENSION redis_lock VERSION '1.1'")
     a.run("CREATE TABLE inv(id int PRIMARY KEY, fence bigint)")
-    a.run("CREATE TRIGGER g BEFORE INSERT OR UPDATE ON inv "
+    # two guard triggers naming one lock, as a table with separate INSERT
+    # and UPDATE triggers has; and a name that is not ASCII
+    a.run("CREATE TRIGGER g BEFORE INSERT ON inv "
           "FOR EACH ROW EXECUTE FUNCTION redis_lock_fence_guard('inv')")
+    a.run("CREATE TRIGGER g2 BEFORE UPDATE ON inv "
+          "FOR EACH ROW EXECUTE FUNCTION redis_lock_fence_guard('inv')")
+    a.run("CREATE TABLE lager(id int, fence bigint)")
+    a.run("CREATE TRIGGER g BEFORE INSERT ON lager "
+          "FOR EACH ROW EXECUTE FUNCTION redis_lock_fence_guard('lagerbestand-ä\\x')")
     a.run("INSERT INTO inv VALUES (1, 60)")
+    a.run("INSERT INTO lager VALUES (1, 9)")
     a.run("SELECT redis_lock_fence_check('other', 7)")
+    a.run("CREATE ROLE tenant_role")
+    a.run("ALTER ROLE tenant_role SET redis_lock.key_prefix = 'tenantA:'")
     a.run("ALTER EXTENSION redis_lock UPDATE")
     assert a.run("SELECT extversion FROM pg_extension WHERE extname = 'redis_lock'") == "1.2"
     marks = a.run("SELECT array_agg(m ORDER BY m) FROM (SELECT protected_table::text "
-                  "|| '/' || lock_name || '/' || fence AS m FROM redis_lock_fence_marks) s")
-    assert marks == ["-/inv/60", "-/other/7", "inv/inv/60"]
+                  "|| '/' || key_prefix || lock_name || '/' || fence AS m "
+                  "FROM redis_lock_fence_marks) s")
+    assert marks == ["-/inv/60", "-/lagerbestand-ä\\x/9", "-/other/7", "inv/inv/60",
+                     "inv/tenantA:inv/60", "lager/lagerbestand-ä\\x/9",
+                     "lager/tenantA:lagerbestand-ä\\x/9"]
+    # a writer of tenant A keeps the protection the mark gave before
+    a.run("SET redis_lock.key_prefix = 'tenantA:'")
+    with pytest.raises(psycopg2.Error) as ei:
+        a.run("INSERT INTO inv VALUES (3, 59)")
+    assert ei.value.pgcode == "40001"
+    a.run("RESET redis_lock.key_prefix")
+    # dropping a table drops its marks
+    a.run("DROP TABLE lager")
+    assert a.run("SELECT count(*) FROM redis_lock_fence_marks "
+                 "WHERE lock_name LIKE 'lager%%' AND protected_table <> 0") == 0
+    a.run("DROP ROLE tenant_role")
     with pytest.raises(psycopg2.Error) as ei:
         a.run("INSERT INTO inv VALUES (2, 59)")
     assert ei.value.pgcode == "40001"
