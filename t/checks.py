@@ -120,3 +120,18 @@ def assert_not_renewed(rclient, key, seconds):
             assert pttl <= last + 50, "lease of %s was renewed: %d ms -> %d ms" % (key, last, pttl)
         last = pttl
         time.sleep(0.02)
+
+
+def count_renewals(rclient, key, seconds, why, jump_ms=200):
+    """Watch key for `seconds`: it must exist all along (else fail with
+    why); returns how often its TTL jumped up, i.e. how often it was renewed."""
+    renewals, last = 0, None
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pttl = rclient.pttl(key)
+        assert pttl > 0, why
+        if last is not None and pttl > last + jump_ms:
+            renewals += 1
+        last = pttl
+        time.sleep(0.02)
+    return renewals

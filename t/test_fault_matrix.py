@@ -15,7 +15,6 @@ statement_timeout still end a wait within 1 s; what the session believes it
 holds equals what Redis holds for it; no lease is renewed for a lock no
 session holds.  And the soft path itself returned within its bound.
 """
-import subprocess
 import threading
 import time
 

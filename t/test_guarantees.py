@@ -17,14 +17,12 @@
 import os
 import random
 import subprocess
-import threading
 import time
 
 import psycopg2
 import pytest
 
-from checks import (assert_belief_matches_redis, assert_interruptible,
-                    assert_not_renewed)
+from checks import assert_interruptible, assert_not_renewed, count_renewals
 from conftest import Session, wait_for_wait_event
 import testbed
 from testbed import TIME_SCALE as S
@@ -271,14 +269,8 @@ def test_a_dead_sentinel_target_does_not_stop_renewals_elsewhere(two_targets):
     master.kill()
     # 4 leases' worth: the healthy lock is renewed all along
     rc = healthy.client()
-    renewals, last, end = 0, None, time.monotonic() + 12
-    while time.monotonic() < end:
-        pttl = rc.pttl("healthy")
-        assert pttl > 0, "healthy lock expired while another target was down"
-        if last is not None and pttl > last + 300:
-            renewals += 1
-        last = pttl
-        time.sleep(0.02)
+    renewals = count_renewals(rc, "healthy", 12,
+                              "healthy lock expired while another target was down", 300)
     assert renewals >= 8
     assert a.run("SELECT redis_lock_release('healthy')") is True
     a.close()
@@ -347,14 +339,7 @@ def test_cluster_master_failover_is_followed_by_backend_and_worker(cluster_with_
     assert replica.client().get(other).startswith(b"pgrl:")
     # the worker keeps renewing the watchdog lock on the promoted replica
     rc = replica.client()
-    renewals, last, end = 0, None, time.monotonic() + 6
-    while time.monotonic() < end:
-        pttl = rc.pttl(name)
-        assert pttl > 0, "watchdog lock expired after the failover"
-        if last is not None and pttl > last + 300:
-            renewals += 1
-        last = pttl
-        time.sleep(0.02)
+    renewals = count_renewals(rc, name, 6, "watchdog lock expired after the failover", 300)
     assert renewals >= 3
     assert a.run("SELECT redis_lock_release(%s)", (name,)) is True
     assert rc.exists(name) == 0
@@ -462,14 +447,8 @@ def test_password_set_for_a_role_reaches_the_watchdog():
         a.run("SET redis_lock.lease_time = '2s'")
         assert a.run("SELECT redis_lock_acquire('pw-lock') > 0")
         rc = r.client()
-        renewals, last, end = 0, None, time.monotonic() + 4
-        while time.monotonic() < end:
-            pttl = rc.pttl("pw-lock")
-            assert pttl > 0, "the worker could not renew with the role's password"
-            if last is not None and pttl > last + 200:
-                renewals += 1
-            last = pttl
-            time.sleep(0.02)
+        renewals = count_renewals(rc, "pw-lock", 4,
+                                  "the worker could not renew with the role's password")
         assert renewals >= 4
         assert "password" not in pg.log_text().lower() or "role-secret" not in pg.log_text()
         assert a.run("SELECT redis_lock_release('pw-lock')") is True
