@@ -349,75 +349,69 @@ def test_cluster_master_failover_is_followed_by_backend_and_worker(cluster_with_
 
 # ====================================================== 5. WAIT after NOSCRIPT
 
-def test_wait_replicas_is_enforced_after_noscript():
+@pytest.fixture
+def replicated():
     master = testbed.Redis().start()
     replica = testbed.Redis().start()
     pg = fresh_pg(**{"redis_lock.url": master.url})
-    try:
-        replica.client().execute_command("REPLICAOF", "127.0.0.1", master.port)
-        testbed.wait_until(lambda: replica.client().info("replication").get(
-            "master_link_status") == "up", 15, 0.05, what="replica in sync")
-        a = Session(pg)
-        a.run("SET redis_lock.wait_replicas = 1")
-        assert a.run("SELECT redis_lock_acquire('warm', ttl => '60s') > 0")   # scripts cached
-        replica.pause()
-        master.client().script_flush()
-        with pytest.raises(psycopg2.Error) as ei:
-            a.run("SELECT redis_lock_acquire('after-flush', ttl => '60s')")
-        assert "was not replicated to 1 replica(s)" in str(ei.value)
-        assert master.client().exists("after-flush") == 0
-        a.close()
-    finally:
-        replica.resume()
-        pg.cleanup()
-        replica.stop()
-        master.stop()
+    replica.client().execute_command("REPLICAOF", "127.0.0.1", master.port)
+    testbed.wait_until(lambda: replica.client().info("replication").get(
+        "master_link_status") == "up", 15, 0.05, what="replica in sync")
+    yield master, replica, pg
+    replica.resume()
+    pg.cleanup()
+    replica.stop()
+    master.stop()
 
 
-def test_wait_is_sent_again_after_the_script_resent_for_noscript():
+def test_wait_replicas_is_enforced_after_noscript(replicated):
+    master, replica, pg = replicated
+    a = Session(pg)
+    a.run("SET redis_lock.wait_replicas = 1")
+    assert a.run("SELECT redis_lock_acquire('warm', ttl => '60s') > 0")   # scripts cached
+    replica.pause()
+    master.client().script_flush()
+    with pytest.raises(psycopg2.Error) as ei:
+        a.run("SELECT redis_lock_acquire('after-flush', ttl => '60s')")
+    assert "was not replicated to 1 replica(s)" in str(ei.value)
+    assert master.client().exists("after-flush") == 0
+    a.close()
+
+
+def test_wait_is_sent_again_after_the_script_resent_for_noscript(replicated):
     """The command stream itself: after NOSCRIPT the acquire is re-sent as
     EVAL and a WAIT must follow it (before the fix, the only WAIT was the
     one paired with the failed EVALSHA, which ran before the grant)."""
-    master = testbed.Redis().start()
-    replica = testbed.Redis().start()
-    pg = fresh_pg(**{"redis_lock.url": master.url})
-    try:
-        replica.client().execute_command("REPLICAOF", "127.0.0.1", master.port)
-        testbed.wait_until(lambda: replica.client().info("replication").get(
-            "master_link_status") == "up", 15, 0.05, what="replica in sync")
-        a = Session(pg)
-        a.run("SET redis_lock.wait_replicas = 1")
-        assert a.run("SELECT redis_lock_acquire('warm', ttl => '60s') > 0")
-        master.client().script_flush()
-        seen = []
-        mon_conn = master.client(socket_timeout=10)
-        started = threading.Event()
+    master, replica, pg = replicated
+    a = Session(pg)
+    a.run("SET redis_lock.wait_replicas = 1")
+    assert a.run("SELECT redis_lock_acquire('warm', ttl => '60s') > 0")
+    master.client().script_flush()
+    seen = []
+    mon_conn = master.client(socket_timeout=10)
+    started = threading.Event()
 
-        def monitor():
-            with mon_conn.monitor() as m:
-                started.set()
-                for cmd in m.listen():
-                    seen.append(cmd["command"])
-                    if cmd["command"].startswith("SCRIPT LOAD"):
-                        return
-        t = threading.Thread(target=monitor, daemon=True)
-        t.start()
-        started.wait(5)
-        probe = master.client()
-        testbed.wait_until(lambda: probe.echo("rl-monitor-ready") and
-                           any("rl-monitor-ready" in c for c in seen), 5, 0.02,
-                           what="MONITOR to see commands")
-        assert a.run("SELECT redis_lock_acquire('after-flush', ttl => '60s') > 0")
-        t.join(10)
-        # the script's own SET of the key is the grant; a WAIT must come after it
-        words = [c.split()[0].upper() if c.split() else "" for c in seen]
-        grant = next(i for i, c in enumerate(seen) if c.lower().startswith("set after-flush"))
-        assert "WAIT" in words[grant:], "no WAIT after the grant: %r" % [c[:40] for c in seen]
-        a.close()
-    finally:
-        pg.cleanup()
-        replica.stop()
-        master.stop()
+    def monitor():
+        with mon_conn.monitor() as m:
+            started.set()
+            for cmd in m.listen():
+                seen.append(cmd["command"])
+                if cmd["command"].startswith("SCRIPT LOAD"):
+                    return
+    t = threading.Thread(target=monitor, daemon=True)
+    t.start()
+    started.wait(5)
+    probe = master.client()
+    testbed.wait_until(lambda: probe.echo("rl-monitor-ready") and
+                       any("rl-monitor-ready" in c for c in seen), 5, 0.02,
+                       what="MONITOR to see commands")
+    assert a.run("SELECT redis_lock_acquire('after-flush', ttl => '60s') > 0")
+    t.join(10)
+    # the script's own SET of the key is the grant; a WAIT must come after it
+    words = [c.split()[0].upper() if c.split() else "" for c in seen]
+    grant = next(i for i, c in enumerate(seen) if c.lower().startswith("set after-flush"))
+    assert "WAIT" in words[grant:], "no WAIT after the grant: %r" % [c[:40] for c in seen]
+    a.close()
 
 
 # ====================================================== 6. fence marks, upgrade

@@ -253,20 +253,8 @@ class Run:
                     cur.execute("SELECT redis_lock_acquire(%s, ttl => %s, wait => '3s', "
                                 "xact => true)", (self.lock, "%dms" % LEASE_MS))
                     token = cur.fetchone()[0]
-                    stage = "read"
-                    cur.execute("SELECT balance FROM %s WHERE id = 1" % self.table)
-                    value = cur.fetchone()[0]
-                    self.pause(rng, order, "read_pause")
-                    stage = "write"
-                    if self.fenced:
-                        cur.execute("UPDATE %s SET balance = %%s, fence = %%s WHERE id = 1"
-                                    % self.table, (value + 1, token))
-                    else:
-                        cur.execute("UPDATE %s SET balance = %%s WHERE id = 1"
-                                    % self.table, (value + 1,))
-                    cur.execute("INSERT INTO %s VALUES (%%s, %%s, %%s, %%s)" % self.ledger,
-                                (who, it, value, token))
-                    self.pause(rng, order, "commit_pause")
+                    stage = "read-modify-write"
+                    self.read_modify_write(cur, rng, order, who, it, token)
                     stage = "commit"
                     conn.commit()
                     outcome = "committed"
@@ -283,6 +271,22 @@ class Run:
                 time.sleep(rng.uniform(0, 0.02))
         finally:
             conn.close()
+
+    def read_modify_write(self, cur, rng, order, who, it, token):
+        """The non-atomic increment, with the schedule's pauses (after the
+        read, and after the write before COMMIT)."""
+        cur.execute("SELECT balance FROM %s WHERE id = 1" % self.table)
+        value = cur.fetchone()[0]
+        self.pause(rng, order, "read_pause")
+        if self.fenced:
+            cur.execute("UPDATE %s SET balance = %%s, fence = %%s WHERE id = 1"
+                        % self.table, (value + 1, token))
+        else:
+            cur.execute("UPDATE %s SET balance = %%s WHERE id = 1"
+                        % self.table, (value + 1,))
+        cur.execute("INSERT INTO %s VALUES (%%s, %%s, %%s, %%s)" % self.ledger,
+                    (who, it, value, token))
+        self.pause(rng, order, "commit_pause")
 
     def classify_sql(self, who, stage, e):
         code, msg = e.pgcode or "", str(e)
@@ -325,20 +329,8 @@ class Run:
                     continue
                 token = lock.local.fence
                 try:
-                    stage = "read"
-                    cur.execute("SELECT balance FROM %s WHERE id = 1" % self.table)
-                    value = cur.fetchone()[0]
-                    self.pause(rng, order, "read_pause")
-                    stage = "write"
-                    if self.fenced:
-                        cur.execute("UPDATE %s SET balance = %%s, fence = %%s WHERE id = 1"
-                                    % self.table, (value + 1, token))
-                    else:
-                        cur.execute("UPDATE %s SET balance = %%s WHERE id = 1"
-                                    % self.table, (value + 1,))
-                    cur.execute("INSERT INTO %s VALUES (%%s, %%s, %%s, %%s)" % self.ledger,
-                                (who, it, value, token))
-                    self.pause(rng, order, "commit_pause")
+                    stage = "read-modify-write"
+                    self.read_modify_write(cur, rng, order, who, it, token)
                     if self.service_check:
                         # still ours?  (compare-and-PEXPIRE: redis-py's reacquire)
                         stage = "verify"
