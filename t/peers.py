@@ -9,6 +9,9 @@
   are not reachable from the test machines, so the peer issues the RLock
   commands itself, from the protocol description, with the same return
   conventions (nil = acquired, else the holder's PTTL).
+* RedsyncPeer: the real Go redsync v4 with go-redis v9
+  (t/interop/go, versions pinned in go.mod), built once into
+  t/interop/go/bin by scripts/install-deps (or here when missing).
 * Subscriber: a raw (S)SUBSCRIBE connection.
 """
 import json
@@ -47,6 +50,28 @@ class RedlockPeer:
             pass
         self.proc.kill()
         self.proc.wait(5)
+
+
+GO_DIR = os.path.join(INTEROP_DIR, "go")
+REDSYNC_BIN = os.path.join(GO_DIR, "bin", "redsyncpeer")
+
+
+def build_redsync_peer():
+    if not os.path.exists(REDSYNC_BIN):
+        subprocess.run(["go", "build", "-o", REDSYNC_BIN, "."], cwd=GO_DIR, check=True,
+                       timeout=600)
+    return REDSYNC_BIN
+
+
+class RedsyncPeer(RedlockPeer):
+    """Same line protocol as RedlockPeer: lock {key, ttl, tries,
+    retryDelay}, unlock, extend, quit."""
+
+    def __init__(self, ports):  # noqa: super().__init__ starts node
+        self.proc = subprocess.Popen(
+            [build_redsync_peer(), ",".join(str(p) for p in ports)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1)
 
 
 def redisson_name(prefix, key):
