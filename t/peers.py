@@ -17,6 +17,7 @@
 import json
 import os
 import select
+import shutil
 import subprocess
 import uuid
 
@@ -58,7 +59,8 @@ REDSYNC_BIN = os.path.join(GO_DIR, "bin", "redsyncpeer")
 
 def build_redsync_peer():
     if not os.path.exists(REDSYNC_BIN):
-        subprocess.run(["go", "build", "-o", REDSYNC_BIN, "."], cwd=GO_DIR, check=True,
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        subprocess.run([go, "build", "-o", REDSYNC_BIN, "."], cwd=GO_DIR, check=True,
                        timeout=600)
     return REDSYNC_BIN
 
