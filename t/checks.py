@@ -28,6 +28,19 @@ def timed_error(conn, query, timeout=30):
         return time.monotonic() - t0, e
 
 
+def start_sleeping(admin, conn, pid, box):
+    """Start a 30 s pg_sleep in conn (its outcome goes to box) and return
+    its thread once the backend sleeps."""
+    def sleeper():
+        box["elapsed"], box["error"] = timed_error(conn, "SELECT pg_sleep(30)")
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    testbed.wait_until(lambda: testbed.sql_one(
+        admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+        (pid,)), 10, what="backend to sleep")
+    return t
+
+
 def assert_interruptible(pg, conn, pid, terminate=False):
     """Cancel and statement_timeout end a 30 s wait of this backend within
     1 s; with terminate, so does pg_terminate_backend (the backend is gone
@@ -36,14 +49,7 @@ def assert_interruptible(pg, conn, pid, terminate=False):
     try:
         # query cancel
         box = {}
-
-        def sleeper():
-            box["elapsed"], box["error"] = timed_error(conn, "SELECT pg_sleep(30)")
-        t = threading.Thread(target=sleeper, daemon=True)
-        t.start()
-        testbed.wait_until(lambda: testbed.sql_one(
-            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
-            (pid,)), 10, what="backend to sleep")
+        t = start_sleeping(admin, conn, pid, box)
         sent = time.monotonic()
         assert testbed.sql_one(admin, "SELECT pg_cancel_backend(%s)", (pid,))
         t.join(30)
@@ -62,11 +68,7 @@ def assert_interruptible(pg, conn, pid, terminate=False):
 
         if terminate:
             box.clear()
-            t = threading.Thread(target=sleeper, daemon=True)
-            t.start()
-            testbed.wait_until(lambda: testbed.sql_one(
-                admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
-                (pid,)), 10, what="backend to sleep")
+            t = start_sleeping(admin, conn, pid, box)
             sent = time.monotonic()
             assert testbed.sql_one(admin, "SELECT pg_terminate_backend(%s)", (pid,))
             testbed.wait_until(lambda: not testbed.sql_one(

@@ -95,3 +95,25 @@ def wait_for_wait_event(admin, pid, timeout=10):
         return testbed.sql_one(admin, "SELECT wait_event_type = 'Extension' "
                                "FROM pg_stat_activity WHERE pid = %s", (pid,))
     testbed.wait_until(waiting, timeout, what="backend %d to wait on Redis" % pid)
+
+
+@pytest.fixture
+def env():
+    """A Redis and a preloaded PostgreSQL of the test's own (it may stop,
+    freeze or reconfigure them), and a factory of sessions on it."""
+    r = testbed.Redis().start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url}).init().start()
+    c = pg.connect()
+    c.cursor().execute("CREATE EXTENSION redis_lock")
+    c.close()
+    made = []
+
+    def session(**kw):
+        s = Session(pg, **kw)
+        made.append(s)
+        return s
+    yield r, pg, session
+    for s in made:
+        s.close()
+    pg.cleanup()
+    r.stop()

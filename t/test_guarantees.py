@@ -36,23 +36,6 @@ def fresh_pg(preload=True, **conf):
     return pg
 
 
-@pytest.fixture
-def env():
-    r = testbed.Redis().start()
-    pg = fresh_pg(**{"redis_lock.url": r.url})
-    made = []
-
-    def session(**kw):
-        s = Session(pg, **kw)
-        made.append(s)
-        return s
-    yield r, pg, session
-    for s in made:
-        s.close()
-    pg.cleanup()
-    r.stop()
-
-
 def worker_pid(pg):
     """The watchdog worker: a child of the postmaster (it has no database
     connection, so pg_stat_activity does not list it)."""

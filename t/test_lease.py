@@ -13,25 +13,6 @@ from conftest import Session
 import testbed
 
 
-@pytest.fixture
-def env():
-    r = testbed.Redis().start()
-    pg = testbed.Postgres(conf={"redis_lock.url": r.url}).init().start()
-    with pg.connect() as c:
-        c.cursor().execute("CREATE EXTENSION redis_lock")
-    made = []
-
-    def session(**kw):
-        s = Session(pg, **kw)
-        made.append(s)
-        return s
-    yield r, pg, session
-    for s in made:
-        s.close()
-    pg.cleanup()
-    r.stop()
-
-
 def notices(s):
     out = list(s.conn.notices)
     del s.conn.notices[:]
