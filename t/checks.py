@@ -137,3 +137,8 @@ def count_renewals(rclient, key, seconds, why, jump_ms=200):
         last = pttl
         time.sleep(0.02)
     return renewals
+
+
+def report_latency(client, what, seconds):
+    """One hand-over measurement, printed for `pytest -s` (README numbers)."""
+    print("\n[%s] %s: %.1f ms" % (client, what, seconds * 1000))

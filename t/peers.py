@@ -1,27 +1,21 @@
 """Foreign lock clients for the interop tests.
 
 * RedlockPeer: the real npm `redlock` 4.2.0 (with ioredis) in a node process.
-* RedissonPeer: a Java service's Redisson RLock / RFencedLock as seen on the
-  wire (../shared/spec/WIRE.md): HASH key, field "<client uuid>:<thread id>",
-  reentrant count, PEXPIRE on every change, unlock publishes "0" on
-  redisson_lock__channel:{key}, watchdog renewal only while the field is
-  present, fencing counter redisson_lock_token:{key}.  Java and Maven Central
-  are not reachable from the test machines, so the peer issues the RLock
-  commands itself, from the protocol description, with the same return
-  conventions (nil = acquired, else the holder's PTTL).
+* JavaPeer: the real Redisson (RLock, RFencedLock; latest 3.x and 4.x) and a
+  hand-written Jedis SET NX PX lock, in a JVM (t/interop/java, versions
+  pinned in its pom.xml), built by scripts/install-deps (or here when missing).
 * RedsyncPeer: the real Go redsync v4 with go-redis v9
   (t/interop/go, versions pinned in go.mod), built once into
   t/interop/go/bin by scripts/install-deps (or here when missing).
-* Subscriber: a raw (S)SUBSCRIBE connection.
 """
 import json
 import os
 import select
 import shutil
 import subprocess
-import uuid
+import threading
+import time
 
-import redis
 
 INTEROP_DIR = os.path.join(os.path.dirname(__file__), "interop")
 
@@ -33,16 +27,24 @@ class RedlockPeer:
             cwd=INTEROP_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, bufsize=1)
 
-    def call(self, timeout=15, **cmd):
+    def send(self, **cmd):
+        """Write one command without waiting for its answer (see receive)."""
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
+
+    def receive(self, timeout=15):
+        """The next answer, as a dict, and the time.monotonic() it was read."""
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            raise TimeoutError("redlock peer did not answer %r" % (cmd,))
+            raise TimeoutError("peer did not answer within %ss" % timeout)
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("redlock peer died: " + self.proc.stderr.read())
-        return json.loads(line)
+            raise RuntimeError("peer died: " + self.proc.stderr.read())
+        return json.loads(line), time.monotonic()
+
+    def call(self, timeout=15, **cmd):
+        self.send(**cmd)
+        return self.receive(timeout)[0]
 
     def close(self):
         try:
@@ -76,100 +78,98 @@ class RedsyncPeer(RedlockPeer):
             text=True, bufsize=1)
 
 
+JAVA_DIR = os.path.join(INTEROP_DIR, "java")
+REDISSON_LINES = ("3", "4")
+
+
+def build_java_peer(line):
+    out = os.path.join(JAVA_DIR, "target", "redisson-" + line)
+    if not os.path.exists(os.path.join(out, "classes", "peer", "Peer.class")):
+        cmd = ["mvn", "-B", "-q", "package"] + (["-P", "redisson3"] if line == "3" else [])
+        subprocess.run(cmd, cwd=JAVA_DIR, check=True, timeout=900)
+    return out
+
+
+def java_library_version(line, artifact):
+    """The version of artifact (redisson, jedis) the peer of line runs."""
+    lib = os.path.join(build_java_peer(line), "lib")
+    jar, = [j for j in os.listdir(lib)
+            if j.startswith(artifact + "-") and j[len(artifact) + 1].isdigit()]
+    return jar[len(artifact) + 1:-len(".jar")]
+
+
+class JavaError(Exception):
+    pass
+
+
+class JavaPeer:
+    """A JVM with one RedissonClient (single server or cluster) and a
+    JedisPool.  Every op runs on a named peer thread (Redisson's locks
+    belong to threads); send() returns at once, result() waits for the
+    answer: (value, epoch seconds at which the op finished in the JVM)."""
+
+    def __init__(self, ports, line="4", mode="single", watchdog_ms=30000):
+        """mode: single, cluster (ports: seed nodes) or replicated (ports:
+        the master, then its replicas)."""
+        self.line = line
+        out = build_java_peer(line)
+        cp = os.path.join(out, "classes") + ":" + os.path.join(out, "lib", "*")
+        self.proc = subprocess.Popen(
+            ["java", "-cp", cp, "peer.Peer", mode,
+             ",".join(str(p) for p in ports), str(watchdog_ms)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1)
+        self.next_id = 0
+        self.answers = {}
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            rid, status, value, micros = line.rstrip("\n").split("\t")
+            with self.cond:
+                self.answers[rid] = (status == "ok", value, int(micros) / 1e6)
+                self.cond.notify_all()
+        with self.cond:
+            self.answers[None] = "eof"
+            self.cond.notify_all()
+
+    def send(self, thread, op, *args):
+        self.next_id += 1
+        rid = str(self.next_id)
+        self.proc.stdin.write("\t".join([rid, thread, op] + [str(a) for a in args]) + "\n")
+        self.proc.stdin.flush()
+        return rid
+
+    def done(self, rid):
+        with self.cond:
+            return rid in self.answers
+
+    def result(self, rid, timeout=30):
+        with self.cond:
+            if not self.cond.wait_for(lambda: rid in self.answers or None in self.answers,
+                                      timeout):
+                raise TimeoutError("java peer did not answer request %s" % rid)
+            if rid not in self.answers:
+                raise RuntimeError("java peer died: " + self.proc.stderr.read())
+            ok, value, at = self.answers.pop(rid)
+        if not ok:
+            raise JavaError(value)
+        return {"true": True, "false": False}.get(value, value), at
+
+    def call(self, thread, op, *args, timeout=30):
+        return self.result(self.send(thread, op, *args), timeout)[0]
+
+    def close(self):
+        try:
+            self.send("main", "quit")
+            self.proc.wait(10)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait(5)
+
+
 def redisson_name(prefix, key):
     """Redisson's naming rule: braces unless the name already has a '{'."""
     return "%s:%s" % (prefix, key) if "{" in key else "%s:{%s}" % (prefix, key)
-
-
-# RLock's commands, per WIRE.md
-_ACQUIRE = """
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
-end
-return redis.call('pttl', KEYS[1])
-"""
-_ACQUIRE_FENCED = """
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  local token = redis.call('incr', KEYS[2])
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-1, token}
-end
-return {redis.call('pttl', KEYS[1]), -1}
-"""
-_UNLOCK = """
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then return nil end
-local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
-if left > 0 then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 0
-end
-redis.call('del', KEYS[1])
-redis.call(ARGV[4], KEYS[2], ARGV[1])
-return 1
-"""
-_RENEW = """
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"""
-_FORCE = """
-if redis.call('del', KEYS[1]) == 1 then
-  redis.call(ARGV[2], KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-
-class RedissonPeer:
-    def __init__(self, client, thread_id=1, sharded=False, lease_ms=30000):
-        self.r = client
-        self.field = "%s:%d" % (uuid.uuid4(), thread_id)
-        self.publish = "SPUBLISH" if sharded else "PUBLISH"
-        self.lease_ms = lease_ms
-
-    def try_lock(self, key, lease_ms=None):
-        """None when acquired (also reentrantly), else the holder's PTTL."""
-        return self.r.eval(_ACQUIRE, 1, key, lease_ms or self.lease_ms, self.field)
-
-    def try_lock_fenced(self, key, lease_ms=None):
-        pttl, token = self.r.eval(_ACQUIRE_FENCED, 2, key, redisson_name("redisson_lock_token", key),
-                                  lease_ms or self.lease_ms, self.field)
-        return (token if pttl == -1 else None), pttl
-
-    def unlock(self, key):
-        """None: not the owner; 0: still held (reentrant); 1: released."""
-        return self.r.eval(_UNLOCK, 2, key, redisson_name("redisson_lock__channel", key),
-                           "0", self.lease_ms, self.field, self.publish)
-
-    def renew(self, key):
-        return self.r.eval(_RENEW, 1, key, self.lease_ms, self.field)
-
-    def force_unlock(self, key):
-        return self.r.eval(_FORCE, 2, key, redisson_name("redisson_lock__channel", key),
-                           "0", self.publish)
-
-
-class Subscriber:
-    """A raw subscriber connection; get() returns (kind, channel, payload)."""
-
-    def __init__(self, port, channel, sharded=False):
-        self.conn = redis.Connection(host="127.0.0.1", port=port, socket_timeout=5)
-        self.conn.connect()
-        self.conn.send_command("SSUBSCRIBE" if sharded else "SUBSCRIBE", channel)
-        kind = self.conn.read_response()[0]
-        assert kind in (b"subscribe", b"ssubscribe"), kind
-
-    def get(self, timeout):
-        if not self.conn.can_read(timeout=timeout):
-            return None
-        msg = self.conn.read_response()
-        return tuple(x.decode() if isinstance(x, bytes) else x for x in msg)
-
-    def close(self):
-        self.conn.disconnect()

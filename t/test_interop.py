@@ -1,17 +1,20 @@
 """SQL sessions and real foreign clients share the same Redis locks, both ways:
-redis-py's Lock (Debian python3-redis 4.3.4), npm redlock 4.2.0, and a
-Redisson RLock/RFencedLock peer on the wire."""
+redis-py's Lock (Debian python3-redis 4.3.4; scripts/run-tests reruns these
+with redis-py from PyPI) and npm redlock 4.2.0; plus the Redisson layout as
+SQL writes it.  The real Redisson and Jedis are in test_interop_java.py,
+redsync in test_interop_go.py."""
 import threading
 import time
 
 import psycopg2
 import pytest
+import redis
 from redis.exceptions import LockNotOwnedError
 from redis.lock import Lock
 
+from checks import report_latency
 from conftest import wait_for_wait_event
-from peers import RedissonPeer, RedlockPeer, Subscriber, redisson_name
-import testbed
+from peers import RedlockPeer
 
 
 def warned(s, text):
@@ -56,38 +59,49 @@ def test_sql_holder_excludes_redis_py(sessions, rc):
     lk.release()
 
 
-def test_redis_py_waiter_gets_the_lock_after_sql_releases(sessions, rc):
-    a = sessions()
-    assert a.run("SELECT redis_lock_acquire('handover') > 0")
-    lk = Lock(rc, "handover", timeout=10, sleep=0.05, blocking_timeout=5, thread_local=False)
-    result = {}
-
-    def wait():
-        result["got"] = lk.acquire()
-        result["at"] = time.monotonic()
-    t = threading.Thread(target=wait)
-    t.start()
-    time.sleep(0.2)
-    a.run("SELECT redis_lock_release('handover')")
-    released = time.monotonic()
-    t.join(5)
-    assert result["got"]
-    assert result["at"] - released < 0.15      # redis-py polls every 50 ms here
-    lk.release()
+# README: redis-py
+def export_orders(r, export):
+    with r.lock("orders:export", timeout=30, blocking_timeout=10):
+        export()
+# README: end
 
 
-def test_sql_waiter_gets_the_lock_after_redis_py_releases(sessions, rc):
+def test_redis_py_readme_code_hands_over_both_ways(sessions, rc):
+    """The README's redis-py code behind a SQL holder, then in front of a
+    SQL waiter.  Neither side publishes to the other: both poll."""
     a, admin = sessions(), sessions()
-    lk = Lock(rc, "handover2", timeout=30)
-    assert lk.acquire(blocking=False)
-    a.start("SELECT redis_lock_acquire('handover2', wait => '10s')")
-    wait_for_wait_event(admin.conn, a.pid)
-    lk.release()                         # plain compare-and-DEL, no PUBLISH
+    assert a.run("SELECT redis_lock_acquire('orders:export', ttl => '30s') > 0")
+    ran = []
+    service = threading.Thread(target=export_orders,
+                               args=(rc, lambda: ran.append(time.monotonic())))
+    service.start()
+    time.sleep(0.3)                          # it polls SET NX every 0.1 s meanwhile
+    assert not ran
     released = time.monotonic()
+    assert a.run("SELECT redis_lock_release('orders:export')") is True
+    service.join(10)
+    assert ran
+    report_latency("redis-py " + redis.__version__, "SQL release -> redis-py waiter",
+                   ran[0] - released)
+    assert ran[0] - released < 0.15          # its poll interval is 0.1 s
+    inside, done = threading.Event(), threading.Event()
+
+    def export():
+        inside.set()
+        done.wait(10)
+    service = threading.Thread(target=export_orders, args=(rc, export))
+    service.start()
+    assert inside.wait(5)
+    a.start("SELECT redis_lock_acquire('orders:export', wait => '10s') > 0")
+    wait_for_wait_event(admin.conn, a.pid)
+    released = time.monotonic()
+    done.set()                               # leaves the with block: compare-and-DEL
     a.join()
-    assert a.error is None
-    assert a.finished_at - released < 0.15     # our poll backoff is capped at 100 ms
-    a.run("SELECT redis_lock_release('handover2')")
+    assert a.error is None and a.result is True
+    report_latency("redis-py " + redis.__version__, "redis-py release -> SQL waiter",
+                   a.finished_at - released)
+    assert a.finished_at - released < 0.15   # our poll backoff is capped at 100 ms
+    assert a.run("SELECT redis_lock_release('orders:export')") is True
 
 
 # ---------------------------------------------------------------- node-redlock
@@ -124,11 +138,23 @@ def test_sql_holder_excludes_node_redlock(sessions, rc, redlock):
     # and a SQL waiter gets it when node-redlock unlocks (no publish: poll)
     a.start("SELECT redis_lock_acquire('node-job2', wait => '10s')")
     wait_for_wait_event(admin.conn, a.pid)
-    assert redlock.call(op="unlock")["ok"]
     released = time.monotonic()
+    assert redlock.call(op="unlock")["ok"]
     a.join()
-    assert a.error is None and a.finished_at - released < 0.15
-    a.run("SELECT redis_lock_release('node-job2')")
+    assert a.error is None
+    report_latency("node-redlock 4.2.0", "redlock unlock -> SQL waiter", a.finished_at - released)
+    assert a.finished_at - released < 0.15
+    # and back: a redlock waiter retrying every 10 ms gets it once SQL releases
+    redlock.send(op="lock", key="node-job2", ttl=5000, retryCount=1000, retryDelay=10)
+    time.sleep(0.1)                          # let it fail a few tries first
+    released = time.monotonic()
+    assert a.run("SELECT redis_lock_release('node-job2')") is True
+    got, at = redlock.receive()
+    assert got["ok"], got
+    report_latency("node-redlock 4.2.0", "SQL release -> redlock retrying every 10 ms",
+                   at - released)
+    assert at - released < 0.05
+    assert redlock.call(op="unlock")["ok"]
 
 
 # ---------------------------------------------------------------- Redisson
@@ -164,142 +190,11 @@ def test_redisson_layout_written_by_sql(rsql, rc):
     assert rc.exists("inventory") == 0
 
 
-def test_redisson_holder_excludes_sql_and_its_unlock_wakes_sql_within_50ms(rsql, sessions, rc):
-    a, admin = rsql(), sessions()
-    java = RedissonPeer(rc, thread_id=77)
-    assert java.try_lock("orders") is None
-    assert java.try_lock("orders") is None            # reentrant: count 2
-    assert rc.hget("orders", java.field) == b"2"
-    assert a.run("SELECT redis_lock_try_acquire('orders')") is False
-    assert a.run("SELECT redis_lock_release('orders')") is False
-    a.start("SELECT redis_lock_acquire('orders', wait => '20s')")
-    wait_for_wait_event(admin.conn, a.pid)
-    assert java.unlock("orders") == 0                 # still held once
-    time.sleep(0.2)
-    assert a.thread.is_alive()
-    assert java.unlock("orders") == 1                 # DEL + PUBLISH "0"
-    released = time.monotonic()
-    a.join()
-    assert a.error is None
-    assert a.finished_at - released < 0.05, "woken %.1f ms after the Java unlock" % (
-        (a.finished_at - released) * 1000)
-    # the Java service cannot take it back or unlock the SQL session's lock
-    assert java.try_lock("orders") > 0
-    assert java.unlock("orders") is None
-    assert rc.exists("orders") == 1
-    a.run("SELECT redis_lock_release('orders')")
-
-
-def test_sql_release_publishes_zero_to_redisson_waiters(rsql, redis_srv, rc):
-    a = rsql()
-    java = RedissonPeer(rc, thread_id=5)
-    assert a.run("SELECT redis_lock_acquire('report') > 0")
-    pttl = java.try_lock("report")
-    assert pttl is not None and pttl > 0      # a Java waiter would sleep on this TTL ...
-    sub = Subscriber(redis_srv.port, "redisson_lock__channel:{report}")
-    try:
-        a.run("SELECT redis_lock_release('report')")
-        msg = sub.get(timeout=1)
-        assert msg == ("message", "redisson_lock__channel:{report}", "0")   # ... or wake here
-    finally:
-        sub.close()
-    assert java.try_lock("report") is None
-    assert java.unlock("report") == 1
-
-
-def test_redisson_watchdog_renewal_by_sql_and_by_java(rsql, sessions, rc):
-    a, b = rsql(), rsql()
-    a.run("SET redis_lock.lease_time = '1500ms'")
-    a.start("SELECT redis_lock_acquire('batch') > 0, pg_sleep(3)")
-    testbed.wait_until(lambda: rc.exists("batch"), 5, what="lock")
-    t_end = time.monotonic() + 2.6
-    while time.monotonic() < t_end:
-        assert rc.pttl("batch") > 0
-        time.sleep(0.02)
-    a.join()
-    assert a.run("SELECT redis_lock_release('batch')") is True
-    # Java's watchdog check renews only its own field
-    java = RedissonPeer(rc, lease_ms=1500)
-    assert java.try_lock("batch") is None
-    assert java.renew("batch") == 1
-    assert b.run("SELECT redis_lock_try_acquire('batch')") is False
-    assert java.unlock("batch") == 1
-
-
-def test_fencing_tokens_shared_with_rfencedlock(rsql, rc):
-    a = rsql()
-    java = RedissonPeer(rc)
-    tokens = []
-    for turn in range(3):
-        t, _ = java.try_lock_fenced("fenced")
-        tokens.append(t)
-        assert java.unlock("fenced") == 1
-        tokens.append(a.run("SELECT redis_lock_acquire('fenced', ttl => '10s')"))
-        a.run("SELECT redis_lock_release('fenced')")
-    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
-    assert tokens == list(range(tokens[0], tokens[0] + 6))
-    assert rc.ttl(redisson_name("redisson_lock_token", "fenced")) == -1
-
-
-def test_force_release_of_a_redisson_lock_wakes_java_waiters(rsql, sessions, redis_srv, rc):
-    admin = sessions()
-    admin.run("SET redis_lock.protocol = 'redisson'")
-    java = RedissonPeer(rc)
-    assert java.try_lock("stuck") is None
-    sub = Subscriber(redis_srv.port, "redisson_lock__channel:{stuck}")
-    try:
-        assert admin.run("SELECT redis_lock_force_release('stuck')") is True
-        assert sub.get(timeout=1) == ("message", "redisson_lock__channel:{stuck}", "0")
-    finally:
-        sub.close()
-    assert rc.exists("stuck") == 0
-
-
-def test_braced_key_follows_redissons_channel_rule(rsql, redis_srv, rc):
-    a = rsql()
-    sub = Subscriber(redis_srv.port, "redisson_lock__channel:{user:1}:cart")
-    try:
-        assert a.run("SELECT redis_lock_acquire('{user:1}:cart') > 0")
-        assert rc.exists("redisson_lock_token:{user:1}:cart") == 1
-        a.run("SELECT redis_lock_release('{user:1}:cart')")
-        assert sub.get(timeout=1)[2] == "0"
-    finally:
-        sub.close()
-
-
-def test_sharded_pubsub_both_ways(rsql, sessions, redis_srv, rc):
-    a, admin = rsql(), sessions()
-    a.run("SET redis_lock.sharded_pubsub = on")
-    java = RedissonPeer(rc, sharded=True)
-    assert java.try_lock("sharded") is None
-    a.start("SELECT redis_lock_acquire('sharded', wait => '20s')")
-    wait_for_wait_event(admin.conn, a.pid)
-    assert java.unlock("sharded") == 1                 # SPUBLISH
-    released = time.monotonic()
-    a.join()
-    assert a.error is None and a.finished_at - released < 0.05
-    sub = Subscriber(redis_srv.port, "redisson_lock__channel:{sharded}", sharded=True)
-    try:
-        a.run("SELECT redis_lock_release('sharded')")
-        assert sub.get(timeout=1) == ("smessage", "redisson_lock__channel:{sharded}", "0")
-    finally:
-        sub.close()
-
-
 # ---------------------------------------------------------------- mixed layouts
 
-def test_mixed_layouts_fail_safe(sessions, rsql, rc):
-    simple, redisson = sessions(), rsql()
-    java = RedissonPeer(rc)
-    assert java.try_lock("mixed") is None
-    with pytest.raises(psycopg2.errors.WrongObjectType) as ei:
-        simple.run("SELECT redis_lock_acquire('mixed')")
-    assert 'holds a hash, not a lock of protocol "simple"' in str(ei.value)
-    with pytest.raises(psycopg2.errors.WrongObjectType):
-        simple.run("SELECT redis_lock_force_release('mixed')")
-    assert rc.hget("mixed", java.field) == b"1"
-    java.unlock("mixed")
-
+def test_redisson_protocol_refuses_a_redis_py_string(rsql, rc):
+    """The other half (simple on a real Redisson hash) is in test_interop_java."""
+    redisson = rsql()
     lk = Lock(rc, "mixed", timeout=30)
     assert lk.acquire(blocking=False)
     with pytest.raises(psycopg2.errors.WrongObjectType) as ei:

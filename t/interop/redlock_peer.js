@@ -19,6 +19,7 @@ function reply(obj) { process.stdout.write(JSON.stringify(obj) + '\n'); }
 async function handle(cmd) {
   try {
     switch (cmd.op) {
+      // README: redlock
       case 'lock': {
         redlock = new Redlock(clients, {
           driftFactor: 0.01,
@@ -36,6 +37,7 @@ async function handle(cmd) {
       case 'extend':
         current = await current.extend(cmd.ttl);
         return reply({ ok: true, expiration: current.expiration });
+      // README: end
       case 'quit':
         clients.forEach((c) => c.disconnect());
         reply({ ok: true });

@@ -41,6 +41,7 @@ type answer struct {
 }
 
 func main() {
+	// README: redsync-setup
 	var pools []redis.Pool
 	for _, port := range strings.Split(os.Args[1], ",") {
 		client := goredislib.NewClient(&goredislib.Options{
@@ -50,6 +51,7 @@ func main() {
 		pools = append(pools, goredis.NewPool(client))
 	}
 	rs := redsync.New(pools...)
+	// README: end
 	var mutex *redsync.Mutex
 	out := json.NewEncoder(os.Stdout)
 	in := bufio.NewScanner(os.Stdin)
@@ -70,6 +72,7 @@ func main() {
 			if delay < 1 {
 				delay = 50
 			}
+			// README: redsync-lock
 			mutex = rs.NewMutex(cmd.Key,
 				redsync.WithExpiry(time.Duration(cmd.TTL)*time.Millisecond),
 				redsync.WithTries(tries),
@@ -93,6 +96,7 @@ func main() {
 				err = fmt.Errorf("extend: not held")
 			}
 			a.Until = mutex.Until().UnixMilli()
+			// README: end
 		case "quit":
 			_ = out.Encode(answer{OK: true})
 			return

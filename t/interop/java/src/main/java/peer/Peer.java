@@ -1,0 +1,200 @@
+/*
+ * The Java side of the interop tests: a real Redisson client (RLock,
+ * RFencedLock) and a hand-written Jedis lock, driven line by line from
+ * pytest (t/peers.py, JavaPeer), like redlock_peer.js and the Go redsync peer.
+ *
+ *   java -cp ... peer.Peer single PORT WATCHDOG_MS
+ *   java -cp ... peer.Peer cluster PORT[,PORT...] WATCHDOG_MS
+ *   java -cp ... peer.Peer replicated MASTER_PORT,REPLICA_PORT... WATCHDOG_MS
+ *
+ * Redisson's locks belong to a thread, so every command names a thread of
+ * the peer ("a", "b", ...): it runs on that thread, in order, and a command
+ * that blocks (lock) blocks only that thread.  Answers can therefore come
+ * out of order; each carries the id of its request.
+ *
+ * stdin:  ID TAB THREAD TAB OP [TAB ARG]...
+ * stdout: ID TAB ok|err TAB VALUE TAB EPOCH_MICROS   (time the op finished)
+ *
+ * Ops: hello; lock KEY [LEASE_MS]; trylock KEY WAIT_MS LEASE_MS (-1: the
+ * watchdog); unlock KEY; forceunlock KEY; held KEY; count KEY; fenced KEY;
+ * jlock KEY TTL_MS; jwait KEY TTL_MS RETRY_MS WAIT_MS; junlock KEY; quit.
+ */
+package peer;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.time.Instant;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+
+import org.redisson.Redisson;
+import org.redisson.api.RedissonClient;
+import org.redisson.config.Config;
+
+import redis.clients.jedis.Jedis;
+import redis.clients.jedis.JedisPool;
+import redis.clients.jedis.params.SetParams;
+
+public final class Peer {
+    private final RedissonClient redisson;
+    private final JedisPool jedis;
+    private final PrintStream out;
+    private final Map<String, ExecutorService> threads = new ConcurrentHashMap<>();
+
+    private Peer(RedissonClient redisson, JedisPool jedis, PrintStream out) {
+        this.redisson = redisson;
+        this.jedis = jedis;
+        this.out = out;
+    }
+
+    public static void main(String[] args) throws Exception {
+        String mode = args[0];
+        String[] ports = args[1].split(",");
+        long watchdogMs = Long.parseLong(args[2]);
+
+        // README: redisson-config
+        Config config = new Config();
+        config.setLockWatchdogTimeout(watchdogMs);   // default 30 s
+        if (mode.equals("cluster")) {
+            var cluster = config.useClusterServers();
+            for (String port : ports)
+                cluster.addNodeAddress("redis://127.0.0.1:" + port);
+        } else if (mode.equals("replicated")) {
+            /* a master and its replicas: Redisson follows lock scripts with WAIT */
+            var ms = config.useMasterSlaveServers().setMasterAddress("redis://127.0.0.1:" + ports[0]);
+            for (int i = 1; i < ports.length; i++)
+                ms.addSlaveAddress("redis://127.0.0.1:" + ports[i]);
+        } else {
+            config.useSingleServer().setAddress("redis://127.0.0.1:" + ports[0]);
+        }
+        RedissonClient redisson = Redisson.create(config);
+        // README: end
+        JedisPool jedis = new JedisPool("127.0.0.1", Integer.parseInt(ports[0]));
+        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        new Peer(redisson, jedis, out).serve();
+    }
+
+    private void serve() throws Exception {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            String[] f = line.split("\t");
+            String id = f[0];
+            if (f[2].equals("quit")) {
+                answer(id, true, "bye");
+                break;
+            }
+            threads.computeIfAbsent(f[1], name -> Executors.newSingleThreadExecutor(r -> {
+                Thread t = new Thread(r, "peer-" + name);
+                t.setDaemon(true);
+                return t;
+            })).submit(() -> run(id, f));
+        }
+        redisson.shutdown(0, 2, TimeUnit.SECONDS);
+        jedis.close();
+        System.exit(0);
+    }
+
+    private void run(String id, String[] f) {
+        try {
+            answer(id, true, String.valueOf(execute(f)));
+        } catch (Throwable e) {
+            answer(id, false, e.getClass().getSimpleName() + ": " + e.getMessage());
+        }
+    }
+
+    private synchronized void answer(String id, boolean ok, String value) {
+        Instant now = Instant.now();
+        long micros = now.getEpochSecond() * 1_000_000L + now.getNano() / 1_000;
+        out.println(id + "\t" + (ok ? "ok" : "err") + "\t" + value.replace('\n', ' ') + "\t" + micros);
+    }
+
+    /* Jedis tokens of this peer's threads: key -> token, per thread */
+    private static final ThreadLocal<Map<String, String>> TOKENS = ThreadLocal.withInitial(HashMap::new);
+
+    private Object execute(String[] f) throws Exception {
+        String op = f[2];
+        String key = f.length > 3 ? f[3] : null;
+        switch (op) {
+            case "hello":
+                /* the hash field Redisson writes for this thread */
+                return redisson.getId() + ":" + Thread.currentThread().getId();
+            // README: redisson-lock
+            case "lock":
+                if (f.length > 4)
+                    redisson.getLock(key).lock(Long.parseLong(f[4]), TimeUnit.MILLISECONDS);
+                else
+                    redisson.getLock(key).lock();
+                return true;
+            case "trylock":
+                return redisson.getLock(key).tryLock(Long.parseLong(f[4]), Long.parseLong(f[5]),
+                                                     TimeUnit.MILLISECONDS);
+            case "unlock":
+                redisson.getLock(key).unlock();
+                return true;
+            case "forceunlock":
+                return redisson.getLock(key).forceUnlock();
+            case "held":
+                return redisson.getLock(key).isHeldByCurrentThread();
+            case "count":
+                return redisson.getLock(key).getHoldCount();
+            case "fenced":
+                return redisson.getFencedLock(key).lockAndGetToken();
+            // README: end
+            case "jlock":
+                return jedisLock(key, Long.parseLong(f[4]));
+            case "jwait":
+                return jedisWait(key, Long.parseLong(f[4]), Long.parseLong(f[5]), Long.parseLong(f[6]));
+            case "junlock":
+                return jedisUnlock(key);
+            default:
+                throw new IllegalArgumentException("unknown op " + op);
+        }
+    }
+
+    // ------------------------------------------------------------ Jedis, by hand
+    // What most Java shops write: SET NX PX with a random token, and a
+    // compare-and-delete script to release.  (README "Sharing locks with
+    // your services" quotes these lines.)
+
+    // README: jedis
+    private static final String RELEASE =
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+    private boolean jedisLock(String key, long ttlMs) {
+        String token = UUID.randomUUID().toString();
+        try (Jedis j = jedis.getResource()) {
+            boolean got = "OK".equals(j.set(key, token, SetParams.setParams().nx().px(ttlMs)));
+            if (got)
+                TOKENS.get().put(key, token);
+            return got;
+        }
+    }
+
+    private boolean jedisWait(String key, long ttlMs, long retryMs, long waitMs) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMs);
+        while (!jedisLock(key, ttlMs)) {
+            if (System.nanoTime() > deadline)
+                return false;
+            Thread.sleep(retryMs);
+        }
+        return true;
+    }
+
+    private boolean jedisUnlock(String key) {
+        String token = TOKENS.get().getOrDefault(key, "not-mine");
+        try (Jedis j = jedis.getResource()) {
+            Object deleted = j.eval(RELEASE, List.of(key), List.of(token));
+            return Long.valueOf(1).equals(deleted);
+        }
+    }
+    // README: end
+}

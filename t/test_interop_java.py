@@ -1,0 +1,394 @@
+"""SQL sessions and the real Java clients share locks, both ways:
+
+* Redisson RLock / RFencedLock, the latest 3.x and the latest 4.x (every
+  Redisson test runs once per line), against SQL with
+  redis_lock.protocol = 'redisson': on one Redis, on a master with a replica
+  (Redisson then follows each lock script with WAIT), and on a 3-master
+  Cluster with Redisson's sharded pub/sub against redis_lock.sharded_pubsub.
+* Jedis, hand-written SET NX PX + compare-and-delete, against the default
+  'simple' protocol.
+
+The peer is t/interop/java (peers.JavaPeer).  Hand-over latencies are
+printed (run with -s) and bounded: the wake-ups Redisson publishes within
+50 ms, the polled ones (Jedis) within the poll cap."""
+import threading
+import time
+
+import psycopg2
+import pytest
+
+from checks import report_latency
+from conftest import Session, wait_for_wait_event
+from peers import (REDISSON_LINES, JavaError, JavaPeer, java_library_version,
+                   redisson_name)
+import testbed
+
+WATCHDOG_MS = 1500          # Redisson's lockWatchdogTimeout: renewal every 500 ms
+
+
+@pytest.fixture(scope="module", params=REDISSON_LINES, ids=lambda l: "redisson" + l)
+def java(request, redis_srv):
+    peer = JavaPeer([redis_srv.port], line=request.param, watchdog_ms=WATCHDOG_MS)
+    peer.version = java_library_version(request.param, "redisson")
+    yield peer
+    peer.close()
+
+
+@pytest.fixture
+def rsql(sessions):
+    """A SQL session speaking Redisson's layout."""
+    def make():
+        s = sessions()
+        s.run("SET redis_lock.protocol = 'redisson'")
+        return s
+    return make
+
+
+def wait_for_subscriber(rc, channel, sharded=False):
+    def subscribed():
+        if sharded:
+            counts = rc.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+        else:
+            counts = rc.execute_command("PUBSUB", "NUMSUB", channel)
+        return int(counts[1]) > 0
+    testbed.wait_until(subscribed, 10, what="a subscriber on " + channel)
+
+
+# ================================================================ Redisson, one Redis
+
+def test_java_holder_excludes_sql_and_its_last_unlock_wakes_sql(java, rsql, sessions, rc):
+    a, admin = rsql(), sessions()
+    field = java.call("t1", "hello")
+    assert java.call("t1", "lock", "orders") is True
+    assert java.call("t1", "lock", "orders") is True           # reentrant
+    assert java.call("t1", "count", "orders") == "2"
+    assert rc.hgetall("orders") == {field.encode(): b"2"}
+    assert 0 < rc.pttl("orders") <= WATCHDOG_MS
+    # SQL neither gets it nor releases it
+    assert a.run("SELECT redis_lock_try_acquire('orders')") is False
+    assert a.run("SELECT redis_lock_release('orders')") is False
+    assert rc.hgetall("orders") == {field.encode(): b"2"}
+    a.start("SELECT redis_lock_acquire('orders', wait => '20s') > 0")
+    wait_for_wait_event(admin.conn, a.pid)
+    assert java.call("t1", "unlock", "orders") is True         # one hold left
+    assert rc.hget("orders", field) == b"1"
+    time.sleep(0.2)                                            # a window for a wrong wake-up
+    assert a.thread.is_alive()
+    released = time.monotonic()
+    assert java.call("t1", "unlock", "orders") is True         # DEL + PUBLISH 0
+    a.join()
+    assert a.error is None and a.result is True
+    report_latency("Redisson " + java.version, "Java unlock() -> SQL waiter",
+                   a.finished_at - released)
+    assert a.finished_at - released < 0.05
+    # and Java neither takes nor unlocks the SQL session's lock
+    assert java.call("t1", "trylock", "orders", 0, -1) is False
+    with pytest.raises(JavaError, match="IllegalMonitorStateException"):
+        java.call("t1", "unlock", "orders")
+    assert java.call("t1", "held", "orders") is False
+    assert rc.hget("orders", field) is None and rc.hlen("orders") == 1
+    assert a.run("SELECT redis_lock_release('orders')") is True
+
+
+@pytest.mark.parametrize("key", ["report", "{user:1}:cart"])
+def test_sql_release_wakes_a_java_thread_blocked_in_lock(java, rsql, rc, key):
+    """The Java waiter has a 30 s TTL to sleep on: only the published 0 on
+    redisson_lock__channel (braces per Redisson's rule) wakes it in time."""
+    a = rsql()
+    assert a.run("SELECT redis_lock_acquire(%s, ttl => '30s') > 0", (key,))
+    waiting = java.send("t2", "lock", key)
+    wait_for_subscriber(rc, redisson_name("redisson_lock__channel", key))
+    assert not java.done(waiting)
+    released = time.time()
+    assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
+    got, at = java.result(waiting)
+    assert got is True
+    report_latency("Redisson " + java.version, "SQL release -> Java lock() waiter", at - released)
+    assert at - released < 0.05
+    assert java.call("t2", "held", key) is True
+    assert java.call("t2", "unlock", key) is True
+
+
+def test_lease_time_and_try_lock_with_a_lease(java, rsql, rc):
+    a = rsql()
+    # lock(leaseTime): no watchdog, the lock just expires; a SQL waiter
+    # gets it then (nothing is published on expiry: it polls)
+    assert java.call("t3", "lock", "lease", 800) is True
+    assert 0 < rc.pttl("lease") <= 800
+    t0 = time.monotonic()
+    assert a.run("SELECT redis_lock_acquire('lease', wait => '5s') > 0") is True
+    assert 0.3 < time.monotonic() - t0 < 1.5
+    # tryLock(wait, lease): gives up while SQL holds, ...
+    assert java.call("t3", "trylock", "lease", 100, 10000) is False
+    # ... and gets it with its own lease once SQL releases
+    waiting = java.send("t3", "trylock", "lease", 10000, 10000)
+    wait_for_subscriber(rc, "redisson_lock__channel:{lease}")
+    assert a.run("SELECT redis_lock_release('lease')") is True
+    assert java.result(waiting)[0] is True
+    assert 9000 < rc.pttl("lease") <= 10000
+    assert java.call("t3", "unlock", "lease") is True
+
+
+def test_watchdog_renewal_from_both_sides(java, rsql, rc):
+    a = rsql()
+    # Java's watchdog keeps its lock past three leases while SQL is refused
+    assert java.call("t4", "lock", "batch") is True
+    renewals, last = 0, rc.pttl("batch")
+    t_end = time.monotonic() + 3 * WATCHDOG_MS / 1000
+    while time.monotonic() < t_end:
+        pttl = rc.pttl("batch")
+        assert pttl > 0
+        renewals += pttl > last + 100
+        last = pttl
+        time.sleep(0.02)
+    assert renewals >= 3
+    assert a.run("SELECT redis_lock_try_acquire('batch')") is False
+    assert java.call("t4", "unlock", "batch") is True
+    # SQL's watchdog keeps its lock past three leases while Java is refused
+    a.run("SET redis_lock.lease_time = '1500ms'")
+    assert a.run("SELECT redis_lock_acquire('batch') > 0") is True
+    t_end = time.monotonic() + 4.5
+    while time.monotonic() < t_end:
+        assert rc.pttl("batch") > 0
+        time.sleep(0.05)
+    assert java.call("t4", "trylock", "batch", 0, -1) is False
+    assert a.run("SELECT redis_lock_release('batch')") is True
+
+
+def test_force_unlock_both_ways(java, rsql, sessions, rc):
+    admin = rsql()
+    # redis_lock_force_release on a Java lock wakes a Java thread blocked in lock()
+    assert java.call("t5a", "lock", "stuck") is True
+    waiting = java.send("t5b", "lock", "stuck")
+    wait_for_subscriber(rc, "redisson_lock__channel:{stuck}")
+    forced = time.time()
+    assert admin.run("SELECT redis_lock_force_release('stuck')") is True
+    got, at = java.result(waiting)
+    assert got is True
+    report_latency("Redisson " + java.version, "SQL force_release -> Java lock() waiter",
+                   at - forced)
+    assert at - forced < 0.05
+    with pytest.raises(JavaError, match="IllegalMonitorStateException"):
+        java.call("t5a", "unlock", "stuck")                   # it was taken from t5a
+    assert java.call("t5b", "unlock", "stuck") is True
+    # Java's forceUnlock() on a SQL lock: the session finds it lost
+    a = rsql()
+    assert a.run("SELECT redis_lock_acquire('stuck', ttl => '30s') > 0")
+    assert java.call("t5a", "forceunlock", "stuck") is True
+    assert rc.exists("stuck") == 0
+    assert a.run("SELECT redis_lock_release('stuck')") is False
+    assert any("no longer held" in n or "lost" in n for n in a.conn.notices), a.conn.notices
+
+
+def test_fencing_tokens_form_one_sequence_with_rfencedlock(java, rsql, rc):
+    a = rsql()
+    tokens = []
+    for turn in range(3):
+        tokens.append(int(java.call("t6", "fenced", "fenced")))
+        assert java.call("t6", "unlock", "fenced") is True
+        tokens.append(a.run("SELECT redis_lock_acquire('fenced', ttl => '10s')"))
+        assert a.run("SELECT redis_lock_release('fenced')") is True
+    assert tokens == list(range(tokens[0], tokens[0] + 6))
+    assert int(rc.get("redisson_lock_token:{fenced}")) == tokens[-1]
+    assert rc.ttl("redisson_lock_token:{fenced}") == -1
+
+
+def test_mixed_layouts_fail_safe_with_a_real_rlock(java, sessions, rc):
+    simple = sessions()
+    field = java.call("t7", "hello")
+    assert java.call("t7", "lock", "mixed") is True
+    with pytest.raises(psycopg2.errors.WrongObjectType) as ei:
+        simple.run("SELECT redis_lock_acquire('mixed')")
+    assert 'holds a hash, not a lock of protocol "simple"' in str(ei.value)
+    with pytest.raises(psycopg2.errors.WrongObjectType):
+        simple.run("SELECT redis_lock_force_release('mixed')")
+    assert rc.hgetall("mixed") == {field.encode(): b"1"}
+    assert java.call("t7", "unlock", "mixed") is True
+
+
+# ================================================================ Redisson with a replica
+
+@pytest.fixture
+def replicated(java, redis_srv):
+    """redis_srv gets a replica for one test; a second Redisson client of
+    the same line sees both and follows every lock script with WAIT."""
+    replica = testbed.Redis(args=["--replicaof", "127.0.0.1", str(redis_srv.port)]).start()
+    master = redis_srv.client()
+    testbed.wait_until(lambda: master.info("replication")["connected_slaves"] == 1
+                       and master.info("replication").get("slave0", {}).get("state") == "online",
+                       10, what="the replica to sync")
+    peer = JavaPeer([redis_srv.port, replica.port], line=java.line, mode="replicated",
+                    watchdog_ms=WATCHDOG_MS)
+    yield peer
+    peer.close()
+    replica.stop()
+
+
+class Monitor:
+    """Every command the Redis server runs, as strings, from a MONITOR connection."""
+
+    END = "ECHO end-of-monitor"
+
+    def __init__(self, client):
+        self.client = client
+        self.seen = []
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(ready,), daemon=True)
+        self.thread.start()
+        ready.wait(5)
+
+    def _read(self, ready):
+        with self.client.monitor() as mon:
+            ready.set()
+            for cmd in mon.listen():
+                if cmd["command"] == self.END:
+                    return
+                self.seen.append(cmd["command"])
+
+    def stop(self):
+        self.client.execute_command(*self.END.split())
+        self.thread.join(5)
+
+
+def test_redissons_wait_and_unlock_latches_do_not_confuse_sql(replicated, rsql, rc):
+    a = rsql()
+    mon = Monitor(rc)
+    try:
+        assert replicated.call("t8", "lock", "synced") is True
+        assert replicated.call("t8", "unlock", "synced") is True
+        # SQL takes and releases it at once, latch keys or not
+        assert a.run("SELECT redis_lock_try_acquire('synced')") is True
+        assert a.run("SELECT redis_lock_release('synced')") is True
+        assert replicated.call("t8", "lock", "synced") is True
+        assert a.run("SELECT redis_lock_try_acquire('synced')") is False
+        assert replicated.call("t8", "unlock", "synced") is True
+    finally:
+        mon.stop()
+    # the test exercised what it claims: WAIT after each of the 4 Java
+    # scripts, latch keys; and the README's finding on their clean-up
+    assert sum(c.startswith("WAIT 1 ") for c in mon.seen) >= 4, mon.seen
+    assert any(c.startswith("set redisson_unlock_latch:{synced}:") for c in mon.seen), mon.seen
+    if replicated.line == "3":          # 3.52.0 deletes a different name: latches expire
+        left = rc.keys("redisson_unlock_latch:{synced}:*")
+        assert left and all(rc.pttl(k) > 10000 for k in left)
+    else:                               # 4.7.0 deletes them
+        testbed.wait_until(lambda: not rc.keys("redisson_unlock_latch:*"), 2,
+                           what="Redisson to delete its unlock latches")
+
+
+# ================================================================ Jedis, by hand
+
+@pytest.fixture(scope="module")
+def jedis(redis_srv):
+    peer = JavaPeer([redis_srv.port], line=REDISSON_LINES[-1])
+    peer.jedis_version = java_library_version(REDISSON_LINES[-1], "jedis")
+    yield peer
+    peer.close()
+
+
+def test_jedis_holder_excludes_sql_and_sql_cannot_release_it(jedis, sessions, rc):
+    a, admin = sessions(), sessions()
+    assert jedis.call("j1", "jlock", "nightly", 30000) is True
+    token = rc.get("nightly")
+    assert len(token) == 36 and 29000 < rc.pttl("nightly") <= 30000
+    assert a.run("SELECT redis_lock_try_acquire('nightly')") is False
+    assert a.run("SELECT redis_lock_release('nightly')") is False
+    assert rc.get("nightly") == token
+    a.start("SELECT redis_lock_acquire('nightly', wait => '10s') > 0")
+    wait_for_wait_event(admin.conn, a.pid)
+    released = time.monotonic()
+    assert jedis.call("j1", "junlock", "nightly") is True
+    a.join()
+    assert a.error is None and a.result is True
+    report_latency("Jedis " + jedis.jedis_version, "Jedis release -> SQL waiter (polls)",
+                   a.finished_at - released)
+    assert a.finished_at - released < 0.15          # our poll backoff is capped at 100 ms
+    assert a.run("SELECT redis_lock_release('nightly')") is True
+
+
+def test_sql_holder_excludes_jedis_and_jedis_cannot_release_it(jedis, sessions, rc):
+    a = sessions()
+    assert a.run("SELECT redis_lock_acquire('nightly', ttl => '30s') > 0")
+    assert jedis.call("j2", "jlock", "nightly", 30000) is False
+    assert jedis.call("j2", "junlock", "nightly") is False     # compare fails: not deleted
+    assert rc.get("nightly").startswith(b"pgrl:")
+    # a Jedis loop retrying every 10 ms gets it once SQL releases
+    waiting = jedis.send("j2", "jwait", "nightly", 30000, 10, 10000)
+    time.sleep(0.1)                                  # let it fail a few tries
+    released = time.time()
+    assert a.run("SELECT redis_lock_release('nightly')") is True
+    got, at = jedis.result(waiting)
+    assert got is True
+    report_latency("Jedis " + jedis.jedis_version, "SQL release -> Jedis loop retrying every 10 ms",
+                   at - released)
+    assert at - released < 0.05
+    assert jedis.call("j2", "junlock", "nightly") is True
+    assert rc.exists("nightly") == 0
+
+
+# ================================================================ Redisson on a Cluster
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = [testbed.cluster_node().start() for _ in range(3)]
+    testbed.create_cluster(nodes)
+    pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url, "redis_lock.cluster": "on"}
+                          ).init().start()
+    c = pg.connect()
+    c.cursor().execute("CREATE EXTENSION redis_lock")
+    c.close()
+    yield nodes, pg
+    pg.cleanup()
+    for n in nodes:
+        n.stop()
+
+
+def node_of(nodes, key):
+    c = nodes[0].client()
+    slot = c.execute_command("CLUSTER", "KEYSLOT", key)
+    for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return next(n for n in nodes if n.port == master[1])
+    raise AssertionError("no node serves " + key)
+
+
+@pytest.mark.parametrize("line", REDISSON_LINES, ids=lambda l: "redisson" + l)
+def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
+    nodes, pg = cluster
+    peer = JavaPeer([n.port for n in nodes], line=line, mode="cluster", watchdog_ms=WATCHDOG_MS)
+    a, admin = Session(pg), Session(pg)
+    try:
+        version = java_library_version(line, "redisson")
+        a.run("SET redis_lock.protocol = 'redisson'")
+        a.run("SET redis_lock.sharded_pubsub = on")
+        key = "ledger-" + line
+        channel = redisson_name("redisson_lock__channel", key)
+        owner = node_of(nodes, key).client()
+        # Java -> SQL: the SQL waiter sits in SSUBSCRIBE, Java SPUBLISHes 0
+        assert peer.call("c1", "lock", key) is True
+        a.start("SELECT redis_lock_acquire(%s, wait => '20s') > 0", (key,))
+        wait_for_wait_event(admin.conn, a.pid)
+        wait_for_subscriber(owner, channel, sharded=True)
+        released = time.monotonic()
+        assert peer.call("c1", "unlock", key) is True
+        a.join()
+        assert a.error is None and a.result is True
+        report_latency("Redisson " + version, "Cluster: Java unlock() -> SQL waiter (sharded)",
+                       a.finished_at - released)
+        assert a.finished_at - released < 0.05
+        # SQL -> Java: Redisson's waiter is sharded too (SSUBSCRIBE on the key's node)
+        waiting = peer.send("c2", "lock", key)
+        wait_for_subscriber(owner, channel, sharded=True)
+        assert not peer.done(waiting)
+        released = time.time()
+        assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
+        got, at = peer.result(waiting)
+        assert got is True
+        report_latency("Redisson " + version, "Cluster: SQL release -> Java lock() waiter (sharded)",
+                       at - released)
+        assert at - released < 0.05
+        assert peer.call("c2", "unlock", key) is True
+    finally:
+        a.close()
+        admin.close()
+        peer.close()

@@ -1,0 +1,48 @@
+"""The client code in the README is the code the interop tests run.
+
+A README block introduced by `<!-- snippet: PATH NAME -->` must equal, after
+dedenting, the lines between the comments `README: NAME` and `README: end`
+in PATH; and every such region of the peers is shown in the README."""
+import os
+import re
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = ["t/test_interop.py", "t/interop/redlock_peer.js", "t/interop/go/main.go",
+           "t/interop/java/src/main/java/peer/Peer.java"]
+MARK = re.compile(r"^\s*(?://|#) README: (\S+)\s*$")
+
+
+def regions(path):
+    found, name, body = {}, None, []
+    with open(os.path.join(ROOT, path)) as f:
+        for line in f:
+            m = MARK.match(line)
+            if m and m.group(1) == "end":
+                assert name, "%s: README: end without a start" % path
+                found[name] = textwrap.dedent("".join(body))
+                name = None
+            elif m:
+                assert name is None, "%s: region %s not ended" % (path, name)
+                name, body = m.group(1), []
+            elif name:
+                body.append(line)
+    assert name is None, "%s: region %s not ended" % (path, name)
+    return found
+
+
+def readme_snippets():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    return re.findall(r"<!-- snippet: (\S+) (\S+) -->\n```\w*\n(.*?)```", text, re.S)
+
+
+def test_every_readme_snippet_is_tested_code():
+    shown = set()
+    for path, name, block in readme_snippets():
+        code = regions(path).get(name)
+        assert code is not None, "README shows %s %s, which the source does not mark" % (path, name)
+        assert block == code, "README's %s %s differs from the source" % (path, name)
+        shown.add((path, name))
+    marked = {(p, n) for p in SOURCES for n in regions(p)}
+    assert marked - shown == set(), "marked for the README but not shown"
