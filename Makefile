@@ -34,4 +34,4 @@ regress_prep:
 	@ln -sfn ../sql_tests tmp_regress/sql
 
 # PGXS does not track header dependencies: every object depends on the header
-$(OBJS): src/redis_lock.h
+$(OBJS): $(wildcard src/*.h)

@@ -19,7 +19,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "redis_lock.h"
+#include "topology.h"
 
 /* port.h maps the printf family to PostgreSQL's own (libpgport): use libc's */
 #undef vsnprintf
@@ -341,6 +341,8 @@ void ResetLatch(Latch *latch) { abort(); }
 RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber) { abort(); }
 const char *rl_conn_label(RLConn *conn) { abort(); }
 void rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv, const size_t *argvlen) { abort(); }
-void rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms) { abort(); }
+void rl_run(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms) { abort(); }
+void rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *reason) { abort(); }
+char *rl_call_problem(const RLCall *call) { abort(); }
 void rl_raise_call_error(RLCall *call) { abort(); }
 bool rl_reply_is_error(RLReply *r, const char *prefix) { abort(); }

@@ -6,11 +6,11 @@
  *	  for a wait that elapsed, and the shape of every result.
  *
  *	  The work itself is done by locktable.c; this file must not keep lock
- *	  state of its own or talk to Redis except through it and scripts.c.
+ *	  state of its own or talk to Redis except through it and lockop.c.
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "locktable.h"
 
 #include <math.h>
 
@@ -37,17 +37,6 @@ PG_FUNCTION_INFO_V1(redis_lock_fence);
 PG_FUNCTION_INFO_V1(redis_lock_held);
 PG_FUNCTION_INFO_V1(redis_lock_status);
 PG_FUNCTION_INFO_V1(redis_lock_force_release);
-
-/* "5s", "250ms", "1.5s" */
-char *
-rl_format_ms(int64 ms)
-{
-	if (ms % 1000 == 0)
-		return psprintf(INT64_FORMAT "s", ms / 1000);
-	if (ms < 1000)
-		return psprintf(INT64_FORMAT "ms", ms);
-	return psprintf("%.3gs", ms / 1000.0);
-}
 
 /* ----------------------------------------------------------------
  * Argument checks
@@ -103,8 +92,9 @@ arg_interval_ms(FunctionCallInfo fcinfo, int argno, const char *what,
 	if (ms > (double) RL_MAX_MS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not exceed " INT64_FORMAT " milliseconds", what, RL_MAX_MS),
-				 errdetail("That is about 24 days; use ttl NULL and the watchdog for longer holds.")));
+				 errmsg("%s must not exceed %d milliseconds", what, (int) RL_MAX_MS),
+				 errdetail("That is about 24 days."),
+				 errhint("Use ttl NULL and the watchdog for longer holds.")));
 	/* a positive sub-millisecond ttl still means "expire", not "forever" */
 	return (int64) ceil(ms);
 }
@@ -266,13 +256,14 @@ redis_lock_with_lock(PG_FUNCTION_ARGS)
 		int			ret;
 
 		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "redis_lock: SPI_connect failed");
+			elog(ERROR, "SPI_connect failed");
 		ret = SPI_execute(query, false, 0);
 		if (ret < 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("query could not run inside redis_lock_with_lock: %s",
-							SPI_result_code_string(ret))));
+					 errmsg("query could not run inside redis_lock_with_lock"),
+					 errdetail_internal("SPI_execute returned %s.",
+										SPI_result_code_string(ret))));
 		processed = SPI_processed;
 		SPI_finish();
 		ReleaseCurrentSubTransaction();
@@ -315,7 +306,7 @@ materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts, TupleDesc *td)
 				 errmsg("set-valued function called in context that cannot accept a set")));
 	old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
 	if (get_call_result_type(fcinfo, NULL, td) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "redis_lock: return type must be a row type");
+		elog(ERROR, "return type must be a row type");
 	*ts = tuplestore_begin_heap(true, false, work_mem);
 	rsinfo->returnMode = SFRM_Materialize;
 	rsinfo->setResult = *ts;
@@ -409,7 +400,7 @@ redis_lock_status(PG_FUNCTION_ARGS)
 	int			i;
 
 	if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "redis_lock: return type must be a row type");
+		elog(ERROR, "return type must be a row type");
 	td = BlessTupleDesc(td);
 
 	rl_safe_point();
@@ -417,10 +408,10 @@ redis_lock_status(PG_FUNCTION_ARGS)
 	op.kind = RL_OP_INSPECT;
 	op.target = lock_names_for(name, &e, &names);
 	op.names = &names;
-	rl_lock_ops_run(&op, 1, false);
+	rl_lock_ops_run(&op, 1, RL_RUN_HARD);
 	quorum = rl_target_quorum(op.target);
 	if (!RL_OP_YES(&op))
-		rl_raise_undecided("inspect", name, &op);
+		rl_raise_undecided(RL_ACTION_INSPECT, name, &op);
 	for (i = 0; i < op.nodes; i++)
 	{
 		RLReply    *r = op.calls[i].reply;
@@ -494,15 +485,11 @@ redis_lock_force_release(PG_FUNCTION_ARGS)
 	op.kind = RL_OP_FORCE;
 	op.target = lock_names_for(name, &e, &names);
 	op.names = &names;
-	rl_lock_ops_run(&op, 1, false);
+	rl_lock_ops_run(&op, 1, RL_RUN_HARD);
 	if (op.wrongtype != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
-						names.key, op.wrongtype, rl_protocol_name(names.protocol)),
-				 errhint("Nothing was deleted.  Check redis_lock.protocol.")));
+		rl_raise_wrong_type(name, &names, op.wrongtype);
 	if (op.failed > 0 && op.yes == 0)
-		rl_raise_undecided("force-release", name, &op);
+		rl_raise_undecided(RL_ACTION_FORCE_RELEASE, name, &op);
 	if (e != NULL)
 		rl_forget(name);
 	PG_RETURN_BOOL(op.yes > 0);
@@ -599,18 +586,18 @@ redis_lock_stats(PG_FUNCTION_ARGS)
 	bool		nulls[10] = {0};
 
 	if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "redis_lock: return type must be a row type");
+		elog(ERROR, "return type must be a row type");
 	td = BlessTupleDesc(td);
 	rl_stats_read(&st);
-	values[0] = Int64GetDatum((int64) st.acquired);
-	values[1] = Int64GetDatum((int64) st.failed);
-	values[2] = Int64GetDatum((int64) st.timed_out);
-	values[3] = Int64GetDatum((int64) st.waits);
-	values[4] = Float8GetDatum(st.wait_time_us / 1000.0);
-	values[5] = Int64GetDatum((int64) st.renewals);
-	values[6] = Int64GetDatum((int64) st.lost);
-	values[7] = Int64GetDatum((int64) st.reconnects);
-	values[8] = Int64GetDatum((int64) st.released);
+	values[0] = Int64GetDatum((int64) st.value[RL_STAT_ACQUIRED]);
+	values[1] = Int64GetDatum((int64) st.value[RL_STAT_FAILED]);
+	values[2] = Int64GetDatum((int64) st.value[RL_STAT_TIMED_OUT]);
+	values[3] = Int64GetDatum((int64) st.value[RL_STAT_WAITS]);
+	values[4] = Float8GetDatum(st.value[RL_STAT_WAIT_US] / 1000.0);
+	values[5] = Int64GetDatum((int64) st.value[RL_STAT_RENEWALS]);
+	values[6] = Int64GetDatum((int64) st.value[RL_STAT_LOST]);
+	values[7] = Int64GetDatum((int64) st.value[RL_STAT_RECONNECTS]);
+	values[8] = Int64GetDatum((int64) st.value[RL_STAT_RELEASED]);
 	values[9] = BoolGetDatum(rl_watchdog_enabled());
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(td, values, nulls)));
 }

@@ -15,11 +15,11 @@
  *	  does not, and no unknown grant is left in Redis longer than needed.
  *
  *	  Must not: call hiredis (transport.c does), know script bodies
- *	  (scripts.c does), define SQL-callable functions (functions.c does).
+ *	  (protocol.c does), define SQL-callable functions (functions.c does).
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "locktable.h"
 
 #include <hiredis/hiredis.h>
 
@@ -173,13 +173,54 @@ entry_create(const char *name)
 	return e;
 }
 
+/* ----------------------------------------------------------------
+ * The entry's slot in the shared registry (watchdog.c)
+ * ----------------------------------------------------------------
+ */
+static void
+registry_sync(RLHeld *e, bool refreshed)
+{
+	RLLockState st;
+
+	memset(&st, 0, sizeof(st));
+	st.watchdog = e->watchdog;
+	st.lost = e->lost;
+	st.session_holds = e->session_holds;
+	st.xact_holds = e->xact_holds;
+	st.fence = e->fence;
+	st.lease_ms = e->lease_ms;
+	st.acquired_at = e->acquired_at;
+	rl_registry_update(e->registry_slot, &st, e->names.owner, refreshed);
+}
+
+static void
+registry_drop(RLHeld *e)
+{
+	rl_registry_remove(e->registry_slot);
+	e->registry_slot = -1;
+}
+
+/* The backend exits without having released it: the worker takes over */
+static void
+registry_hand_to_worker(RLHeld *e)
+{
+	rl_registry_orphan(e->registry_slot);
+	e->registry_slot = -1;
+}
+
+static bool
+registry_says_lost(RLHeld *e)
+{
+	return rl_registry_lost(e->registry_slot);
+}
+
 static void
 entry_remove(RLHeld *e)
 {
 	if (RL_HOLDS(e) == 0)
 		ndoubts--;
 	if (e->registry_slot >= 0)
-		rl_registry_remove(e);
+		registry_drop(e);
 	free_names(&e->names);
 	hash_search(held, e->name, HASH_REMOVE, NULL);
 }
@@ -249,7 +290,7 @@ became_doubt(RLHeld *e)
 	ndoubts++;
 	e->watchdog = false;
 	e->expires_at = doubt_horizon(e->lease_ms);
-	rl_registry_update(e, false);
+	registry_sync(e, false);
 }
 
 RLHeld *
@@ -292,7 +333,7 @@ rl_held_snapshot(RLHeld **out)
 	{
 		if (RL_HOLDS(e) == 0)
 			continue;
-		if (e->registry_slot >= 0 && !e->lost && rl_registry_lost(e))
+		if (e->registry_slot >= 0 && !e->lost && registry_says_lost(e))
 			e->lost = true;
 		(*out)[n++] = *e;
 	}
@@ -331,39 +372,48 @@ call_sqlstate(RLCall *call)
 	return ERRCODE_PROTOCOL_VIOLATION;
 }
 
-static char *
-call_message(RLCall *call)
+static const char *const action_failed[] = {
+	[RL_ACTION_ACQUIRE] = gettext_noop("could not acquire Redis lock \"%s\""),
+	[RL_ACTION_RELEASE] = gettext_noop("could not release Redis lock \"%s\""),
+	[RL_ACTION_VERIFY] = gettext_noop("could not verify Redis lock \"%s\""),
+	[RL_ACTION_FORCE_RELEASE] = gettext_noop("could not force-release Redis lock \"%s\""),
+	[RL_ACTION_INSPECT] = gettext_noop("could not inspect Redis lock \"%s\""),
+};
+
+/* errcontext naming the Redis command of a failed call, its key and node */
+static int
+call_context(RLCall *call)
 {
-	if (call->error != NULL)
-		return call->error;
-	if (call->reply != NULL && call->reply->type == REDIS_REPLY_ERROR)
-		return psprintf("Redis at %s replied: %s", rl_conn_label(call->conn),
-						call->reply->str);
-	return psprintf("unexpected reply from Redis at %s", rl_conn_label(call->conn));
+	if (call->conn == NULL)
+		return errcontext("Redis key \"%s\"", call->key ? call->key : "");
+	return errcontext("Redis %s on key \"%s\" at %s", rl_call_command_name(call),
+					  call->key ? call->key : "", rl_conn_label(call->conn));
 }
 
 /* Report a failed call about lock name at elevel (ERROR does not return) */
 static void
-report_call(int elevel, const char *verb, const char *name, RLCall *call)
+report_call(int elevel, RLLockAction action, const char *name, RLCall *call)
 {
 	int			code = call_sqlstate(call);
 
 	ereport(elevel,
 			(errcode(code),
-			 errmsg("could not %s Redis lock \"%s\": %s", verb, name,
-					call_message(call)),
+			 errmsg(action_failed[action], name),
+			 errdetail_internal("%s", rl_call_problem(call)),
+			 call_context(call),
 			 code == ERRCODE_CONNECTION_FAILURE ?
 			 errhint("Check redis_lock.url and that the Redis server is a reachable master.") : 0));
 }
 
-static void
-report_wrongtype(const char *name, RLLockNames *n, const char *type)
+/* The key of lock name holds something else: nothing was taken or changed */
+void
+rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 			 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
 					n->key, type, rl_protocol_name(n->protocol)),
-			 errdetail("Lock \"%s\" maps to that key; it is neither taken nor changed.", name),
+			 errdetail("Lock \"%s\" maps to that key; the key was not changed.", name),
 			 errhint("Check redis_lock.protocol and redis_lock.key_prefix, or use another lock name.")));
 }
 
@@ -390,7 +440,7 @@ mark_lost(RLHeld *e)
 	if (!e->lost)
 		rl_stats_add(RL_STAT_LOST, 1);
 	e->lost = true;
-	rl_registry_update(e, false);
+	registry_sync(e, false);
 }
 
 /* ----------------------------------------------------------------
@@ -411,19 +461,19 @@ op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
 
 /* Raise for an op whose outcome no majority decided */
 void
-rl_raise_undecided(const char *verb, const char *name, RLLockOp *op)
+rl_raise_undecided(RLLockAction action, const char *name, RLLockOp *op)
 {
 	if (op->nodes > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("could not %s Redis lock \"%s\": no majority of the %d Redis masters answered",
-						verb, name, op->nodes),
-				 errdetail("%d answered yes, %d no, %d failed; first failure: %s",
-						   op->yes, op->no, op->failed, call_message(op->failure)),
+				 errmsg(action_failed[action], name),
+				 errdetail("No majority of the %d Redis masters answered: %d yes, %d no, %d failed; the first failure: %s.",
+						   op->nodes, op->yes, op->no, op->failed,
+						   rl_call_problem(op->failure)),
 				 errhint("Check redis_lock.nodes and redis_lock.node_timeout.")));
 	if (op->failure->error != NULL)
 		rl_raise_call_error(op->failure);
-	report_call(ERROR, verb, name, op->failure);
+	report_call(ERROR, action, name, op->failure);
 	pg_unreachable();
 }
 
@@ -435,7 +485,7 @@ rl_raise_undecided(const char *verb, const char *name, RLLockOp *op)
  * absent), RELEASE_UNKNOWN when no majority answered.
  */
 static RLLockOp *
-release_entries(RLHeld **ents, int n, bool soft, int *results)
+release_entries(RLHeld **ents, int n, RLRunMode mode, int *results)
 {
 	RLLockOp   *ops = palloc(sizeof(RLLockOp) * Max(n, 1));
 	int			i;
@@ -443,7 +493,7 @@ release_entries(RLHeld **ents, int n, bool soft, int *results)
 	for (i = 0; i < n; i++)
 		op_init(&ops[i], RL_OP_RELEASE, ents[i], ents[i]->lease_ms);
 	if (n > 0)
-		rl_lock_ops_run(ops, n, soft);
+		rl_lock_ops_run(ops, n, mode);
 	for (i = 0; i < n; i++)
 		results[i] = RL_OP_YES(&ops[i]) ? 1 : RL_OP_NO(&ops[i]) ? 0 : RELEASE_UNKNOWN;
 	return ops;
@@ -451,13 +501,14 @@ release_entries(RLHeld **ents, int n, bool soft, int *results)
 
 /*
  * Release in Redis every entry in ents (their holds already zero), never
- * raising.  For loud entries (locks the session held) failures become
- * WARNINGs and a missing key is reported lost; doubts are settled quietly.
+ * raising.  Where warn[i] is set (locks the session held) failures become
+ * WARNINGs and a missing key is reported lost; doubts (warn NULL or unset)
+ * are settled quietly.
  * Entries whose outcome stays unknown remain as doubts.  Interrupts are held
  * so the bounded wait cannot be cut short by a cancel.
  */
 static void
-release_soft(RLHeld **ents, int n, const bool *loud)
+release_soft(RLHeld **ents, int n, const bool *warn)
 {
 	int		   *results;
 	RLLockOp   *ops;
@@ -467,37 +518,38 @@ release_soft(RLHeld **ents, int n, const bool *loud)
 		return;
 	results = palloc(sizeof(int) * n);
 	HOLD_INTERRUPTS();
-	ops = release_entries(ents, n, true, results);
+	ops = release_entries(ents, n, RL_RUN_SOFT, results);
 	RESUME_INTERRUPTS();
 	for (i = 0; i < n; i++)
 	{
 		RLHeld	   *e = ents[i];
-		bool		l = loud != NULL && loud[i];
+		bool		held = warn != NULL && warn[i];
 
 		if (results[i] == RELEASE_UNKNOWN)
 		{
-			if (l)
-				report_call(WARNING, "release", e->name, ops[i].failure);
+			if (held)
+				report_call(WARNING, RL_ACTION_RELEASE, e->name, ops[i].failure);
 			continue;
 		}
-		if (results[i] == 0 && l && !e->lost)
+		if (results[i] == 0 && held && !e->lost)
 		{
 			mark_lost(e);
 			warn_lost(e);
 		}
-		if (results[i] == 1 && l)
+		if (results[i] == 1 && held)
 			rl_stats_add(RL_STAT_RELEASED, 1);
 		entry_remove(e);
 	}
 }
 
+/* A warn[] for release_soft: every entry was held by the session */
 static bool *
-all_loud(int n)
+warn_for_all(int n)
 {
-	bool	   *loud = palloc(sizeof(bool) * Max(n, 1));
+	bool	   *warn = palloc(sizeof(bool) * Max(n, 1));
 
-	memset(loud, true, sizeof(bool) * Max(n, 1));
-	return loud;
+	memset(warn, true, sizeof(bool) * Max(n, 1));
+	return warn;
 }
 
 /* ----------------------------------------------------------------
@@ -575,7 +627,7 @@ report_lost(void)
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
 		if (RL_HOLDS(e) > 0 && !e->lost && e->registry_slot >= 0 &&
-			rl_registry_lost(e))
+			registry_says_lost(e))
 		{
 			e->lost = true;
 			warn_lost(e);
@@ -614,7 +666,7 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
 {
 	op_init(op, RL_OP_ACQUIRE, e, lease_ms);
 	e->expires_at = doubt_horizon(lease_ms);
-	rl_lock_ops_run(op, 1, false);
+	rl_lock_ops_run(op, 1, RL_RUN_HARD);
 	if (op->wrongtype != NULL)
 		return ACQ_WRONGTYPE;
 	if (rl_op_granted(op))
@@ -631,14 +683,14 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
  * failure that lost it is likely still going on.
  */
 static bool
-give_back(RLHeld *e, RLLockOp *op)
+release_partial_grants(RLHeld *e, RLLockOp *op)
 {
 	RLLockOp	rel;
 
 	if (op->yes == 0)
 		return !op->maybe_ran;
 	op_init(&rel, RL_OP_RELEASE, e, e->lease_ms);
-	rl_lock_ops_run(&rel, 1, true);
+	rl_lock_ops_run(&rel, 1, RL_RUN_SOFT);
 	return rel.failed == 0;
 }
 
@@ -652,7 +704,7 @@ grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 	e->lost_reported_at = 0;
 	e->acquired_at = GetCurrentTimestamp();
 	add_hold(e, scope);
-	rl_registry_update(e, true);
+	registry_sync(e, true);
 	rl_stats_add(RL_STAT_ACQUIRED, 1);
 }
 
@@ -707,7 +759,7 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		if (outcome == ACQ_UNDECIDED && !redlock)
 			break;				/* one node and it failed: an error now */
 		if (op->yes > 0)
-			(void) give_back(e, op);
+			(void) release_partial_grants(e, op);
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			break;
@@ -743,12 +795,129 @@ verify_and_refresh(RLHeld *e, int64 lease_ms)
 	RLLockOp	op;
 
 	op_init(&op, RL_OP_EXTEND, e, lease_ms);
-	rl_lock_ops_run(&op, 1, false);
+	rl_lock_ops_run(&op, 1, RL_RUN_HARD);
 	if (RL_OP_YES(&op))
 		return true;
 	if (!RL_OP_NO(&op))
-		rl_raise_undecided("verify", e->name, &op);
+		rl_raise_undecided(RL_ACTION_VERIFY, e->name, &op);
 	return false;
+}
+
+/*
+ * A lock the session holds, acquired again: one round trip proves we still
+ * own it, and the hold is counted.  When it was lost, warns, forgets the
+ * entry and returns false: the caller acquires it anew.
+ */
+static bool
+acquire_again(RLHeld *e, int64 lease_ms, RLScope scope)
+{
+	int64		refresh = e->watchdog ? e->lease_ms : lease_ms;
+
+	if (!e->lost && verify_and_refresh(e, refresh))
+	{
+		if (!e->watchdog)
+			e->lease_ms = refresh;
+		add_hold(e, scope);
+		registry_sync(e, true);
+		return true;
+	}
+	if (!e->lost)
+		mark_lost(e);
+	ereport(WARNING,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("Redis lock \"%s\" was lost; acquiring it anew", e->name),
+			 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
+					   RL_HOLDS(e))));
+	e->session_holds = e->xact_holds = 0;
+	became_doubt(e);
+	entry_remove(e);
+	return false;
+}
+
+/*
+ * The entry an acquire attempt runs on: a doubt of the same name is reused
+ * (its token retried) while it still matches the settings, else a new one;
+ * registered with the watchdog under the passwords of now.
+ */
+static RLHeld *
+entry_for_attempt(RLHeld *doubt, const char *name, int64 lease_ms)
+{
+	RLHeld	   *e = doubt;
+
+	if (e != NULL)
+	{
+		RLLockNames probe;
+
+		memset(&probe, 0, sizeof(probe));
+		rl_names_build(&probe, (RLProtocol) rl_protocol, rl_key_prefix, name,
+					   CurrentMemoryContext);
+		if (e->target != rl_current_target() ||
+			e->names.protocol != probe.protocol ||
+			strcmp(e->names.key, probe.key) != 0)
+		{
+			entry_remove(e);
+			e = NULL;
+		}
+	}
+	if (e == NULL)
+		e = entry_create(name);
+	else if (e->registry_slot >= 0)
+		registry_drop(e);
+	e->lease_ms = lease_ms;
+	if (rl_watchdog_enabled() && e->registry_slot < 0)
+		e->registry_slot = rl_registry_add(e->name, &e->names, e->target,
+										   e->lease_ms);
+	return e;
+}
+
+/* Granted, but WAIT saw too few replicas: release again and raise */
+static void
+refuse_unreplicated(RLHeld *e)
+{
+	char	   *name = pstrdup(e->name);
+
+	release_soft(&e, 1, NULL);	/* still a doubt: no holds counted */
+	rl_stats_add(RL_STAT_FAILED, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_CONNECTION_FAILURE),
+			 errmsg("Redis lock \"%s\" was not replicated to %d replica(s) within %s",
+					name, rl_wait_replicas, rl_format_ms(rl_wait_replicas_timeout_ms)),
+			 errdetail("The lock was released again; without replicas a failover could lose it."),
+			 errhint("Check the replicas, or lower redis_lock.wait_replicas.")));
+}
+
+/*
+ * Not ours: give back partial grants, forget the entry if nothing of ours
+ * can be left in Redis, and raise unless the lock was simply busy.
+ */
+static void
+not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
+{
+	char	   *name = pstrdup(e->name);
+
+	if (release_partial_grants(e, op))
+		entry_remove(e);
+	switch (outcome)
+	{
+		case ACQ_WRONGTYPE:
+			{
+				RLLockNames n;
+
+				memset(&n, 0, sizeof(n));
+				rl_names_build(&n, (RLProtocol) rl_protocol, rl_key_prefix, name,
+							   CurrentMemoryContext);
+				rl_stats_add(RL_STAT_FAILED, 1);
+				rl_raise_wrong_type(name, &n, op->wrongtype);
+			}
+			break;
+		case ACQ_UNDECIDED:
+			rl_stats_add(RL_STAT_FAILED, 1);
+			rl_raise_undecided(RL_ACTION_ACQUIRE, name, op);
+			break;
+		default:
+			rl_stats_add(RL_STAT_TIMED_OUT, 1);
+			break;
+	}
 }
 
 /*
@@ -766,7 +935,6 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 	AcqOutcome	outcome;
 	int64		lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
 	bool		watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
-	char	   *namecopy;
 
 	*obtained = false;
 	rl_safe_point();
@@ -774,56 +942,14 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 	e = hash_search(held, name, HASH_FIND, NULL);
 	if (e != NULL && RL_HOLDS(e) > 0)
 	{
-		/* reentrant: one round trip proves we still own it */
-		int64		refresh = e->watchdog ? e->lease_ms : lease_ms;
-
-		if (!e->lost && verify_and_refresh(e, refresh))
+		if (acquire_again(e, lease_ms, scope))
 		{
-			if (!e->watchdog)
-				e->lease_ms = refresh;
-			add_hold(e, scope);
-			rl_registry_update(e, true);
 			*obtained = true;
 			return e->fence;
 		}
-		if (!e->lost)
-			mark_lost(e);
-		ereport(WARNING,
-				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("Redis lock \"%s\" was lost; acquiring it anew", name),
-				 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
-						   RL_HOLDS(e))));
-		e->session_holds = e->xact_holds = 0;
-		became_doubt(e);
-		entry_remove(e);
 		e = NULL;
 	}
-	if (e != NULL)
-	{
-		/* a doubt: retry with its token if it still matches the settings */
-		RLLockNames probe;
-
-		memset(&probe, 0, sizeof(probe));
-		rl_names_build(&probe, (RLProtocol) rl_protocol, rl_key_prefix, name,
-					   CurrentMemoryContext);
-		if (e->target != rl_current_target() ||
-			e->names.protocol != probe.protocol ||
-			strcmp(e->names.key, probe.key) != 0)
-		{
-			entry_remove(e);
-			e = NULL;
-		}
-	}
-	if (e == NULL)
-		e = entry_create(name);
-	else if (e->registry_slot >= 0)
-	{
-		/* a doubt taken again: register it with the passwords of now */
-		rl_registry_remove(e);
-	}
-	e->lease_ms = lease_ms;
-	if (rl_watchdog_enabled() && e->registry_slot < 0)
-		e->registry_slot = rl_registry_add(e);
+	e = entry_for_attempt(e, name, lease_ms);
 
 	outcome = attempt(e, lease_ms, &op);
 	if (outcome != ACQ_GOT && outcome != ACQ_WRONGTYPE && wait_ms > 0 &&
@@ -831,50 +957,14 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);
 
 	if (outcome == ACQ_GOT && op.replicas_short > 0)
-	{
-		/* asked for replica acknowledgement and did not get it: give up */
-		namecopy = pstrdup(name);
-		release_soft(&e, 1, NULL);	/* still a doubt: no holds counted */
-		rl_stats_add(RL_STAT_FAILED, 1);
-		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("Redis lock \"%s\" was not replicated to %d replica(s) within %s",
-						namecopy, rl_wait_replicas, rl_format_ms(rl_wait_replicas_timeout_ms)),
-				 errdetail("The lock was released again; without replicas a failover could lose it."),
-				 errhint("Check the replicas, or lower redis_lock.wait_replicas.")));
-	}
+		refuse_unreplicated(e);
 	if (outcome == ACQ_GOT)
 	{
 		grant(e, op.fence_value, lease_ms, watchdog, scope);
 		*obtained = true;
 		return e->fence;
 	}
-
-	/* not ours: give back partial grants; forget the entry if clean */
-	namecopy = pstrdup(name);
-	if (give_back(e, &op))
-		entry_remove(e);
-	switch (outcome)
-	{
-		case ACQ_WRONGTYPE:
-			{
-				RLLockNames n;
-
-				memset(&n, 0, sizeof(n));
-				rl_names_build(&n, (RLProtocol) rl_protocol, rl_key_prefix, namecopy,
-							   CurrentMemoryContext);
-				rl_stats_add(RL_STAT_FAILED, 1);
-				report_wrongtype(namecopy, &n, op.wrongtype);
-			}
-			break;
-		case ACQ_UNDECIDED:
-			rl_stats_add(RL_STAT_FAILED, 1);
-			rl_raise_undecided("acquire", namecopy, &op);
-			break;
-		default:
-			rl_stats_add(RL_STAT_TIMED_OUT, 1);
-			break;
-	}
+	not_granted(e, outcome, &op);
 	return 0;
 }
 
@@ -903,13 +993,13 @@ rl_release(const char *name)
 		ereport(WARNING,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 				 errmsg("Redis lock \"%s\" is held only at transaction scope", name),
-				 errhint("It is released when the transaction ends.")));
+				 errdetail("It is released when the transaction ends.")));
 		return false;
 	}
 	e->session_holds--;
 	if (RL_HOLDS(e) > 0)
 	{
-		rl_registry_update(e, false);
+		registry_sync(e, false);
 		if (e->lost)
 		{
 			warn_lost(e);
@@ -925,9 +1015,9 @@ rl_release(const char *name)
 		entry_remove(e);
 		return false;
 	}
-	op = release_entries(&e, 1, false, &result);
+	op = release_entries(&e, 1, RL_RUN_HARD, &result);
 	if (result == RELEASE_UNKNOWN)
-		rl_raise_undecided("release", name, op);
+		rl_raise_undecided(RL_ACTION_RELEASE, name, op);
 	if (result == 0)
 	{
 		mark_lost(e);
@@ -957,11 +1047,11 @@ rl_release_one_error_safe(const char *name)
 	e->session_holds--;
 	if (RL_HOLDS(e) > 0)
 	{
-		rl_registry_update(e, false);
+		registry_sync(e, false);
 		return;
 	}
 	became_doubt(e);
-	release_soft(&e, 1, all_loud(1));
+	release_soft(&e, 1, warn_for_all(1));
 }
 
 /*
@@ -981,7 +1071,7 @@ drop_holds(RLHeld *e, RLScope scope, int k, RLHeld **out, int *nout)
 	if (RL_HOLDS(e) > 0)
 	{
 		e->unreachable = false; /* only for the release that is not made */
-		rl_registry_update(e, false);
+		registry_sync(e, false);
 		return;
 	}
 	became_doubt(e);
@@ -1035,7 +1125,7 @@ rl_release_all_session(void)
 	rl_safe_point();
 	count = drop_scope(RL_SCOPE_SESSION, &ents, &n);
 	results = palloc(sizeof(int) * Max(n, 1));
-	ops = release_entries(ents, n, true, results);
+	ops = release_entries(ents, n, RL_RUN_SOFT, results);
 	for (i = 0; i < n; i++)
 	{
 		if (results[i] == RELEASE_UNKNOWN)
@@ -1054,7 +1144,7 @@ rl_release_all_session(void)
 		entry_remove(ents[i]);
 	}
 	if (unknown >= 0)
-		rl_raise_undecided("release", ents[unknown]->name, &ops[unknown]);
+		rl_raise_undecided(RL_ACTION_RELEASE, ents[unknown]->name, &ops[unknown]);
 	maybe_shrink();
 	return count;
 }
@@ -1084,7 +1174,7 @@ rl_extend(const char *name, int64 ttl_ms)
 	/* an explicit ttl is a fixed lease; NULL hands it (back) to the watchdog */
 	e->lease_ms = lease_ms;
 	e->watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
-	rl_registry_update(e, true);
+	registry_sync(e, true);
 	return true;
 }
 
@@ -1145,11 +1235,11 @@ verify_xact_locks(void)
 	for (i = 0; i < n; i++)
 	{
 		e = ents[i];
-		if (e->registry_slot >= 0 && !e->lost && rl_registry_lost(e))
+		if (e->registry_slot >= 0 && !e->lost && registry_says_lost(e))
 			e->lost = true;
 		op_init(&ops[i], RL_OP_EXTEND, e, e->lease_ms);
 	}
-	rl_lock_ops_run(ops, n, false);
+	rl_lock_ops_run(ops, n, RL_RUN_HARD);
 	for (i = 0; i < n; i++)
 	{
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
@@ -1159,7 +1249,7 @@ verify_xact_locks(void)
 	{
 		e = ents[i];
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
-			rl_raise_undecided("verify", e->name, &ops[i]);
+			rl_raise_undecided(RL_ACTION_VERIFY, e->name, &ops[i]);
 		if (RL_OP_NO(&ops[i]) || e->lost)
 		{
 			mark_lost(e);
@@ -1217,7 +1307,7 @@ end_of_xact(void)
 	 * twice.  So do the locks whose verify at COMMIT just failed.
 	 */
 	n = keep_unreachable_as_doubts(ents, n);
-	release_soft(ents, n, all_loud(n));
+	release_soft(ents, n, warn_for_all(n));
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
 	MemoryContextSwitchTo(old);
@@ -1289,7 +1379,7 @@ subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 			if (e != NULL && e->xact_holds > 0)
 				drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
 		}
-		release_soft(ents, n, all_loud(n));
+		release_soft(ents, n, warn_for_all(n));
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(work_cxt);
 	}
@@ -1339,9 +1429,9 @@ exit_callback(int code, Datum arg)
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
 		if (e->lost)
-			rl_registry_remove(e);
+			registry_drop(e);
 		else
-			rl_registry_orphan(e);
+			registry_hand_to_worker(e);
 	}
 	rl_close_all();
 }

@@ -2,12 +2,12 @@
  *
  * module.c
  *	  Module entry point: defines the settings, prepares the scripts and,
- *	  when loaded through shared_preload_libraries, the shared registry and
- *	  the watchdog worker.  Opens no connection.
+ *	  when loaded through shared_preload_libraries, the shared counters, the
+ *	  shared registry and the watchdog worker.  Opens no connection.
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "locktable.h"
 
 #include "fmgr.h"
 
@@ -19,6 +19,7 @@ void
 _PG_init(void)
 {
 	rl_define_settings();
+	rl_stats_init();
 	rl_scripts_init();
 	rl_watchdog_init();
 }

@@ -10,7 +10,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "settings.h"
 
 #include <ctype.h>
 #include <limits.h>
@@ -52,108 +52,77 @@ rl_protocol_name(RLProtocol p)
 	return p == RL_PROTOCOL_REDISSON ? "redisson" : "simple";
 }
 
-/*
- * Parse redis://[user@]host[:port][/db].  IPv6 hosts go in brackets.  A
- * password in the URL is refused: the URL is readable by every user, the
- * password belongs in redis_lock.password, which is not.
- */
-bool
-rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
+static bool
+has_space_or_control(const char *s)
 {
-	const char *p;
-	const char *at;
+	for (; *s; s++)
+		if (isspace((unsigned char) *s) || iscntrl((unsigned char) *s))
+			return true;
+	return false;
+}
+
+/* "user@" before the host, if any; returns the error text or NULL */
+static const char *
+parse_url_user(const char **p, RLEndpoint *ep)
+{
+	const char *slash = strchr(*p, '/');
+	const char *at = strchr(*p, '@');
+	size_t		ulen;
+
+	if (at == NULL || (slash != NULL && at > slash))
+		return NULL;
+	ulen = at - *p;
+	if (memchr(*p, ':', ulen) != NULL)
+		return gettext_noop("Put the password in redis_lock.password, not in the URL.");
+	if (ulen == 0 || ulen >= sizeof(ep->user))
+		return gettext_noop("The user name in the URL is empty or too long.");
+	memcpy(ep->user, *p, ulen);
+	ep->user[ulen] = '\0';
+	*p = at + 1;
+	return NULL;
+}
+
+/* The host, a name or a bracketed IPv6 address */
+static const char *
+parse_url_host(const char **p, RLEndpoint *ep)
+{
+	const char *host = *p;
 	const char *hostend;
-	const char *slash;
 	size_t		hostlen;
 
-	memset(ep, 0, sizeof(*ep));
-	ep->port = 6379;
-	ep->db = 0;
-
-	if (url == NULL || *url == '\0')
+	if (*host == '[')
 	{
-		*errmsg = "The URL is empty.";
-		return false;
-	}
-	/* lists split on these, and target specs on "|" (topology.c) */
-	for (p = url; *p; p++)
-	{
-		if (*p == ',' || *p == '|' || isspace((unsigned char) *p) ||
-			iscntrl((unsigned char) *p))
-		{
-			*errmsg = "A URL must not contain spaces, control characters, \",\" or \"|\".";
-			return false;
-		}
-	}
-	if (strncmp(url, "rediss://", 9) == 0)
-	{
-		*errmsg = "TLS (rediss://) is not supported by this build.";
-		return false;
-	}
-	if (strncmp(url, "redis://", 8) != 0)
-	{
-		*errmsg = "The URL must start with \"redis://\".";
-		return false;
-	}
-	p = url + 8;
-	slash = strchr(p, '/');
-	at = strchr(p, '@');
-	if (at != NULL && (slash == NULL || at < slash))
-	{
-		size_t		ulen = at - p;
-
-		if (memchr(p, ':', ulen) != NULL)
-		{
-			*errmsg = "Put the password in redis_lock.password, not in the URL.";
-			return false;
-		}
-		if (ulen == 0 || ulen >= sizeof(ep->user))
-		{
-			*errmsg = "The user name in the URL is empty or too long.";
-			return false;
-		}
-		memcpy(ep->user, p, ulen);
-		ep->user[ulen] = '\0';
-		p = at + 1;
-	}
-
-	if (*p == '[')
-	{
-		const char *close = strchr(p, ']');
+		const char *close = strchr(host, ']');
 
 		if (close == NULL)
-		{
-			*errmsg = "An IPv6 address in the URL lacks its closing \"]\".";
-			return false;
-		}
-		hostlen = close - (p + 1);
-		if (hostlen == 0 || hostlen >= sizeof(ep->host))
-		{
-			*errmsg = "The host name in the URL is empty or too long.";
-			return false;
-		}
-		memcpy(ep->host, p + 1, hostlen);
+			return gettext_noop("An IPv6 address in the URL lacks its closing \"]\".");
+		host++;
+		hostlen = close - host;
 		hostend = close + 1;
 	}
 	else
 	{
-		hostend = p;
+		hostend = host;
 		while (*hostend && *hostend != ':' && *hostend != '/')
 			hostend++;
-		hostlen = hostend - p;
-		if (hostlen == 0 || hostlen >= sizeof(ep->host))
-		{
-			*errmsg = "The host name in the URL is empty or too long.";
-			return false;
-		}
-		memcpy(ep->host, p, hostlen);
+		hostlen = hostend - host;
 	}
+	if (hostlen == 0 || hostlen >= sizeof(ep->host))
+		return gettext_noop("The host name in the URL is empty or too long.");
+	memcpy(ep->host, host, hostlen);
 	ep->host[hostlen] = '\0';
+	*p = hostend;
+	return NULL;
+}
 
-	p = hostend;
+/* ":port" and "/db", both optional, and nothing after them */
+static const char *
+parse_url_port_db(const char *p, RLEndpoint *ep)
+{
+	char	   *end;
+
 	if (*p == ':')
 	{
-		char	   *end;
 		long		port;
 
 		errno = 0;
@@ -162,39 +131,68 @@ rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
 			end = (char *) p + 1;
 		if (end == p + 1 || errno != 0 || port < 1 || port > 65535 ||
 			(*end != '\0' && *end != '/'))
-		{
-			*errmsg = "The port in the URL must be a number between 1 and 65535.";
-			return false;
-		}
+			return gettext_noop("The port in the URL must be a number between 1 and 65535.");
 		ep->port = (int) port;
 		p = end;
 	}
 	if (*p == '/')
 	{
-		char	   *end;
 		long		db;
 
 		p++;
-		if (*p != '\0')
-		{
-			errno = 0;
-			db = isdigit((unsigned char) *p) ? strtol(p, &end, 10) : -1;
-			if (db < 0)
-				end = (char *) p;
-			if (end == p || *end != '\0' || errno != 0 || db < 0 || db > INT_MAX)
-			{
-				*errmsg = "The database in the URL must be a non-negative number.";
-				return false;
-			}
-			ep->db = (int) db;
-		}
+		if (*p == '\0')
+			return NULL;
+		errno = 0;
+		db = isdigit((unsigned char) *p) ? strtol(p, &end, 10) : -1;
+		if (db < 0)
+			end = (char *) p;
+		if (end == p || *end != '\0' || errno != 0 || db < 0 || db > INT_MAX)
+			return gettext_noop("The database in the URL must be a non-negative number.");
+		ep->db = (int) db;
+		return NULL;
 	}
-	else if (*p != '\0')
+	if (*p != '\0')
+		return gettext_noop("The URL has trailing characters after the host.");
+	return NULL;
+}
+
+/*
+ * Parse redis://[user@]host[:port][/db] into *ep.  IPv6 hosts go in
+ * brackets.  A password in the URL is refused: the URL is readable by every
+ * user, the password belongs in redis_lock.password, which is not.  On
+ * failure returns false with *errmsg set to a detail (marked for
+ * translation, not translated: callers apply _()).
+ */
+bool
+rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
+{
+	const char *p;
+	const char *err;
+
+	memset(ep, 0, sizeof(*ep));
+	ep->port = 6379;
+	ep->db = 0;
+
+	if (url == NULL || *url == '\0')
+		err = gettext_noop("The URL is empty.");
+	else if (strpbrk(url, ",|") != NULL || has_space_or_control(url))
+		/* lists split on these, and target specs on "|" (topology.c) */
+		err = gettext_noop("A URL must not contain spaces, control characters, \",\" or \"|\".");
+	else if (strncmp(url, "rediss://", 9) == 0)
+		err = gettext_noop("TLS (rediss://) is not supported by this build.");
+	else if (strncmp(url, "redis://", 8) != 0)
+		err = gettext_noop("The URL must start with \"redis://\".");
+	else
 	{
-		*errmsg = "The URL has trailing characters after the host.";
-		return false;
+		p = url + 8;
+		err = parse_url_user(&p, ep);
+		if (err == NULL)
+			err = parse_url_host(&p, ep);
+		if (err == NULL)
+			err = parse_url_port_db(p, ep);
 	}
-	return true;
+	*errmsg = (char *) err;
+	return err == NULL;
 }
 
 /* "host:port" (with /db when not 0) for messages; palloc'd */
@@ -216,7 +214,7 @@ check_url(char **newval, void **extra, GucSource source)
 
 	if (!rl_parse_url(*newval, &ep, &msg))
 	{
-		GUC_check_errdetail("%s", msg);
+		GUC_check_errdetail("%s", _(msg));
 		return false;
 	}
 	return true;
@@ -245,7 +243,7 @@ check_url_list_of(const char *list, int max, const char *what)
 
 		if (!rl_parse_url(tok, &ep, &msg))
 		{
-			GUC_check_errdetail("\"%s\": %s", tok, msg);
+			GUC_check_errdetail("\"%s\": %s", tok, _(msg));
 			pfree(copy);
 			return false;
 		}
@@ -517,4 +515,15 @@ rl_define_settings(void)
 #else
 	EmitWarningsOnPlaceholders("redis_lock");
 #endif
+}
+
+/* "5s", "250ms", "1.5s" */
+char *
+rl_format_ms(int64 ms)
+{
+	if (ms % 1000 == 0)
+		return psprintf(INT64_FORMAT "s", ms / 1000);
+	if (ms < 1000)
+		return psprintf(INT64_FORMAT "ms", ms);
+	return psprintf("%.3gs", ms / 1000.0);
 }

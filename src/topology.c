@@ -15,7 +15,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "topology.h"
 
 #include <hiredis/hiredis.h>
 
@@ -95,7 +95,7 @@ parse_list(const char *list, RLEndpoint **out)
 		}
 		/* the check hook accepted the list, so this cannot fail */
 		if (!rl_parse_url(tok, &eps[n], &msg))
-			elog(ERROR, "redis_lock: invalid URL \"%s\" in list: %s", tok, msg);
+			elog(ERROR, "invalid URL \"%s\" in list: %s", tok, msg);
 		n++;
 	}
 	pfree(copy);
@@ -117,7 +117,7 @@ rl_target_from_spec(const char *spec)
 		if (strcmp(t->spec, spec) == 0)
 			return t;
 	if (rest == NULL)
-		elog(ERROR, "redis_lock: malformed target \"%s\"", spec);
+		elog(ERROR, "malformed target \"%s\"", spec);
 	rest++;
 
 	t = MemoryContextAllocZero(TopMemoryContext, sizeof(RLTarget));
@@ -137,13 +137,13 @@ rl_target_from_spec(const char *spec)
 		int			i;
 
 		if (list == NULL)
-			elog(ERROR, "redis_lock: malformed target \"%s\"", spec);
+			elog(ERROR, "malformed target \"%s\"", spec);
 		t->kind = RL_TOPO_SENTINEL;
 		t->master_name = MemoryContextStrdup(TopMemoryContext,
 											 pnstrdup(rest, data - rest));
 		dataurl = pnstrdup(data + 1, list - data - 1);
 		if (!rl_parse_url(dataurl, &t->data, &msg))
-			elog(ERROR, "redis_lock: invalid URL \"%s\": %s", dataurl, msg);
+			elog(ERROR, "invalid URL \"%s\": %s", dataurl, msg);
 		t->nendpoints = parse_list(list + 1, &t->endpoints);
 		for (i = 0; i < t->nendpoints; i++)
 			t->endpoints[i].sentinel = true;
@@ -266,7 +266,7 @@ discover_master(RLTarget *t, char **error)
 			r->element[1]->type != REDIS_REPLY_STRING)
 		{
 			if (why == NULL)
-				why = calls[i].error ? calls[i].error :
+				why = calls[i].error ? rl_call_problem(&calls[i]) :
 					psprintf("Sentinel at %s does not know master \"%s\"",
 							 rl_conn_label(calls[i].conn), t->master_name);
 			continue;
@@ -374,9 +374,9 @@ load_slots(RLTarget *t, const RLConn *avoid, char **error)
 		if (r == NULL || r->type != REDIS_REPLY_ARRAY)
 		{
 			if (why == NULL)
-				why = call.error ? call.error :
-					psprintf("%s replied: %s", rl_conn_label(call.conn),
-							 r && r->str ? r->str : "no slot map");
+				why = call.error || (r && r->type == REDIS_REPLY_ERROR) ?
+					rl_call_problem(&call) :
+					psprintf("%s replied without a slot map", rl_conn_label(call.conn));
 			continue;
 		}
 		/* a slot the new map does not name has no known owner */
@@ -480,13 +480,16 @@ rl_target_nodes_or_raise(RLTarget *t, const char *key, size_t keylen,
 	int			n = rl_target_nodes(t, key, keylen, conns, subscriber, &error);
 
 	if (n < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
-				 errmsg("could not find the Redis node for key \"%s\"", key),
-				 errdetail_internal("%s", error),
-				 errhint(t->kind == RL_TOPO_SENTINEL ?
-						 "Check redis_lock.sentinels and redis_lock.sentinel_master." :
-						 "Check redis_lock.url (a cluster node) and redis_lock.cluster.")));
+	{
+		RLCall		call;
+
+		memset(&call, 0, sizeof(call));
+		call.key = key;
+		call.keylen = keylen;
+		rl_call_fail(&call, RL_FAIL_ROUTE,
+					 ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, error);
+		rl_raise_call_error(&call);
+	}
 	return n;
 }
 
@@ -587,6 +590,112 @@ reroute(RLCall *c, RLTarget **done, int *ndone)
 	return to == c->conn ? NULL : to;
 }
 
+/* The round trip bound of calls: the tightest of their targets, plus WAIT */
+static int
+round_timeout(RLCall *calls, int ncalls)
+{
+	int			timeout = rl_command_timeout_ms;
+	int			extra = 0;
+	int			i;
+
+	for (i = 0; i < ncalls; i++)
+	{
+		if (calls[i].target != NULL)
+			timeout = Min(timeout, rl_target_timeout(calls[i].target));
+		extra = Max(extra, calls[i].extra_ms);
+	}
+	return timeout + extra;
+}
+
+/* What rl_target_run remembers across its retry rounds */
+typedef struct RetryState
+{
+	bool	   *rerouted;		/* per call: its key was re-routed already */
+	RLTarget  **done;			/* targets whose topology was re-learnt */
+	int			ndone;
+	int		   *redo;			/* calls to send again this round */
+} RetryState;
+
+/*
+ * Decide which calls go again, pointing each at its new node: MOVED and ASK
+ * (counted in *redirects), TRYAGAIN (*tryagain), and once per call a node
+ * that failed.  A "follows" call goes with the call before it.  Returns how
+ * many calls are in rs->redo.
+ */
+static int
+plan_retries(RLCall *calls, int ncalls, RetryState *rs, int *redirects,
+			 bool *tryagain)
+{
+	int			nredo = 0;
+	int			i;
+
+	rs->ndone = 0;
+	*tryagain = false;
+	for (i = 0; i < ncalls; i++)
+	{
+		RLCall	   *c = &calls[i];
+		bool		ask;
+		int			slot;
+		RLEndpoint	to;
+
+		if (c->follows)
+			continue;			/* goes with the call before it */
+		if (redirect_of(c, &ask, &slot, &to))
+		{
+			RLSlotMap  *m = c->target->slots;
+
+			if (!ask && m != NULL && slot >= 0 && slot < 16384)
+				m->owner[slot] = (int16) slot_node_index(m, &to, to.host, to.port);
+			c->conn = rl_conn_for(&to, false);
+			c->asking = ask;
+			(*redirects)++;
+		}
+		else if (rl_reply_is_error(c->reply, "TRYAGAIN"))
+		{
+			*tryagain = true;
+			c->asking = false;
+		}
+		else if (!rs->rerouted[i] && c->key != NULL &&
+				 (master_gone(c) || node_gone(c)))
+		{
+			RLConn	   *conn;
+
+			rs->rerouted[i] = true;
+			conn = reroute(c, rs->done, &rs->ndone);
+			if (conn == NULL)
+				continue;
+			c->conn = conn;
+		}
+		else
+			continue;
+		rs->redo[nredo++] = i;
+		if (i + 1 < ncalls && calls[i + 1].follows)
+		{
+			calls[i + 1].conn = c->conn;
+			rs->redo[nredo++] = i + 1;
+		}
+	}
+	return nredo;
+}
+
+/* Send the calls listed in redo again, in one round trip */
+static void
+run_again(RLCall *calls, const int *redo, int nredo, int timeout)
+{
+	RLCall	   *again = palloc(sizeof(RLCall) * nredo);
+	int			i;
+
+	for (i = 0; i < nredo; i++)
+		again[i] = calls[redo[i]];
+	rl_run(again, nredo, RL_RUN_SOFT, timeout);
+	for (i = 0; i < nredo; i++)
+	{
+		calls[redo[i]] = again[i];
+		calls[redo[i]].asking = false;
+	}
+	pfree(again);
+}
+
 /*
  * Run calls built for targets' nodes.  Always soft underneath; then follows
  * cluster redirections (MOVED updates the slot map, ASK is sent with ASKING),
@@ -598,78 +707,26 @@ reroute(RLCall *c, RLTarget **done, int *ndone)
  * because every script is idempotent per token.
  */
 void
-rl_target_run(RLCall *calls, int ncalls, int mode)
+rl_target_run(RLCall *calls, int ncalls, RLRunMode mode)
 {
 	TimestampTz deadline = 0;
 	int			redirects = 0;
 	long		pause_ms = 5;
-	int			timeout = rl_command_timeout_ms;
-	int			extra = 0;
-	bool	   *rerouted = palloc0(sizeof(bool) * Max(ncalls, 1));
-	RLTarget  **done = palloc(sizeof(RLTarget *) * Max(ncalls, 1));
-	int		   *redo = palloc(sizeof(int) * Max(ncalls, 1));
+	int			timeout = round_timeout(calls, ncalls);
+	RetryState	rs;
 	int			i;
 
-	for (i = 0; i < ncalls; i++)
-	{
-		if (calls[i].target != NULL)
-			timeout = Min(timeout, rl_target_timeout(calls[i].target));
-		extra = Max(extra, calls[i].extra_ms);
-	}
-	timeout += extra;
+	rs.rerouted = palloc0(sizeof(bool) * Max(ncalls, 1));
+	rs.done = palloc(sizeof(RLTarget *) * Max(ncalls, 1));
+	rs.redo = palloc(sizeof(int) * Max(ncalls, 1));
 	rl_run(calls, ncalls, RL_RUN_SOFT, timeout);
 
 	/* redirections are bounded by count, TRYAGAIN only by the deadline */
 	while (redirects < 16)
 	{
-		int			nredo = 0;
-		int			ndone = 0;
-		bool		tryagain = false;
+		bool		tryagain;
+		int			nredo = plan_retries(calls, ncalls, &rs, &redirects, &tryagain);
 
-		for (i = 0; i < ncalls; i++)
-		{
-			RLCall	   *c = &calls[i];
-			bool		ask;
-			int			slot;
-			RLEndpoint	to;
-
-			if (c->follows)
-				continue;		/* goes with the call before it */
-			if (redirect_of(c, &ask, &slot, &to))
-			{
-				RLSlotMap  *m = c->target->slots;
-
-				if (!ask && m != NULL && slot >= 0 && slot < 16384)
-					m->owner[slot] = (int16) slot_node_index(m, &to, to.host, to.port);
-				c->conn = rl_conn_for(&to, false);
-				c->asking = ask;
-				redirects++;
-			}
-			else if (rl_reply_is_error(c->reply, "TRYAGAIN"))
-			{
-				tryagain = true;
-				c->asking = false;
-			}
-			else if (!rerouted[i] && c->key != NULL &&
-					 (master_gone(c) || node_gone(c)))
-			{
-				RLConn	   *conn;
-
-				rerouted[i] = true;
-				conn = reroute(c, done, &ndone);
-				if (conn == NULL)
-					continue;
-				c->conn = conn;
-			}
-			else
-				continue;
-			redo[nredo++] = i;
-			if (i + 1 < ncalls && calls[i + 1].follows)
-			{
-				calls[i + 1].conn = c->conn;
-				redo[nredo++] = i + 1;
-			}
-		}
 		if (nredo == 0)
 			break;
 		if (deadline == 0)
@@ -685,23 +742,11 @@ rl_target_run(RLCall *calls, int ncalls, int mode)
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();
 		}
-		{
-			RLCall	   *again = palloc(sizeof(RLCall) * nredo);
-
-			for (i = 0; i < nredo; i++)
-				again[i] = calls[redo[i]];
-			rl_run(again, nredo, RL_RUN_SOFT, timeout);
-			for (i = 0; i < nredo; i++)
-			{
-				calls[redo[i]] = again[i];
-				calls[redo[i]].asking = false;
-			}
-			pfree(again);
-		}
+		run_again(calls, rs.redo, nredo, timeout);
 	}
-	pfree(rerouted);
-	pfree(done);
-	pfree(redo);
+	pfree(rs.rerouted);
+	pfree(rs.done);
+	pfree(rs.redo);
 
 	if (mode == RL_RUN_HARD)
 		for (i = 0; i < ncalls; i++)

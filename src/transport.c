@@ -16,7 +16,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "transport.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -65,7 +65,8 @@ typedef struct RunConn
 	bool		wrote;			/* some bytes were written this run */
 	bool		asked;			/* the next call's ASKING reply was consumed */
 	bool		failed;
-	char	   *errmsg;
+	RLFailure	failure;
+	char	   *reason;			/* detail of the failure */
 	int			errcode;
 	TimestampTz connect_deadline;
 	TimestampTz deadline;		/* for the replies; starts once connected */
@@ -470,13 +471,14 @@ has_unasked_bytes(RLConn *conn)
 }
 
 static void
-run_fail(RunConn *rc, int errcode, char *msg)
+run_fail(RunConn *rc, RLFailure failure, int errcode, char *reason)
 {
 	if (rc->failed)
 		return;
 	rc->failed = true;
+	rc->failure = failure;
 	rc->errcode = errcode;
-	rc->errmsg = msg;
+	rc->reason = reason;
 	/* its state is unknown: never reuse it */
 	rl_conn_close(rc->conn);
 }
@@ -487,7 +489,7 @@ append_argv(RunConn *rc, int argc, const char **argv, const size_t *argvlen)
 	if (rc->failed)
 		return;
 	if (redisAppendCommandArgv(rc->conn->ctx, argc, argv, argvlen) != REDIS_OK)
-		run_fail(rc, ERRCODE_OUT_OF_MEMORY, pstrdup("out of memory in hiredis"));
+		run_fail(rc, RL_FAIL_LOCAL, ERRCODE_OUT_OF_MEMORY, pstrdup("out of memory in hiredis"));
 }
 
 /*
@@ -506,8 +508,9 @@ start_connect(RunConn *rc, TimestampTz now)
 	if (!AcquireExternalFD())
 	{
 		rc->failed = true;
+		rc->failure = RL_FAIL_LOCAL;
 		rc->errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
-		rc->errmsg = pstrdup("there are too many open files on the local server");
+		rc->reason = pstrdup("there are too many open files on the local server");
 		return;
 	}
 	conn->ctx = redisConnectNonBlock(conn->ep.host, conn->ep.port);
@@ -520,8 +523,9 @@ start_connect(RunConn *rc, TimestampTz now)
 		conn->ctx = NULL;
 		ReleaseExternalFD();
 		rc->failed = true;
+		rc->failure = RL_FAIL_CONNECT;
 		rc->errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
-		rc->errmsg = msg;
+		rc->reason = msg;
 		return;
 	}
 	bound_reply_sizes(conn->ctx);
@@ -585,20 +589,16 @@ check_handshake(RunConn *rc, RLReply *r)
 	if (strncmp(r->str, "WRONGPASS", 9) == 0 ||
 		strstr(r->str, "invalid password") != NULL ||
 		strstr(r->str, "invalid username-password") != NULL)
-		run_fail(rc, ERRCODE_INVALID_PASSWORD,
-				 psprintf("password authentication failed for Redis at %s",
-						  rc->conn->label));
+		run_fail(rc, RL_FAIL_PASSWORD, ERRCODE_INVALID_PASSWORD, pstrdup(r->str));
 	else if (strncmp(r->str, "NOAUTH", 6) == 0)
-		run_fail(rc, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-				 psprintf("Redis at %s requires authentication", rc->conn->label));
+		run_fail(rc, RL_FAIL_NOAUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+				 pstrdup(r->str));
 	else if (strstr(r->str, "AUTH") != NULL)
-		run_fail(rc, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-				 psprintf("Redis at %s refused authentication: %s",
-						  rc->conn->label, r->str));
+		run_fail(rc, RL_FAIL_AUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+				 pstrdup(r->str));
 	else
-		run_fail(rc, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-				 psprintf("Redis at %s refused the connection setup: %s",
-						  rc->conn->label, r->str));
+		run_fail(rc, RL_FAIL_SETUP, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+				 pstrdup(r->str));
 }
 
 /* A NOAUTH reply to a normal command also means our credentials are off */
@@ -637,9 +637,7 @@ drain_replies(RunConn *rc)
 
 		if (!next_reply(rc->conn, &r, &err))
 		{
-			run_fail(rc, ERRCODE_PROTOCOL_VIOLATION,
-					 psprintf("could not parse reply from Redis at %s: %s",
-							  rc->conn->label, err));
+			run_fail(rc, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION, err);
 			return;
 		}
 		if (r == NULL)
@@ -676,9 +674,8 @@ drain_replies(RunConn *rc)
 			}
 			else if (is_auth_reply(r))
 			{
-				run_fail(rc, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-						 psprintf("Redis at %s requires authentication",
-								  rc->conn->label));
+				run_fail(rc, RL_FAIL_NOAUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+						 pstrdup(r->str));
 				return;
 			}
 			call->reply = r;
@@ -697,16 +694,29 @@ io_error_text(RLConn *conn)
 	return pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "I/O error");
 }
 
+/* Bytes queued on the connection and not yet written to its socket */
+static size_t
+unsent_bytes(const RLConn *conn)
+{
+	return sdslen(conn->ctx->obuf);
+}
+
+static bool
+has_unsent(const RLConn *conn)
+{
+	return unsent_bytes(conn) > 0;
+}
+
 /* Write what the socket takes now; remembers that something went out */
 static bool
 flush_some(RunConn *rc)
 {
-	size_t		before = sdslen(rc->conn->ctx->obuf);
+	size_t		before = unsent_bytes(rc->conn);
 	int			done;
 
 	if (redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
 		return false;
-	if (sdslen(rc->conn->ctx->obuf) < before)
+	if (unsent_bytes(rc->conn) < before)
 		rc->wrote = true;
 	return true;
 }
@@ -724,7 +734,7 @@ finish_connect(RunConn *rc)
 		return;
 	if (err != 0)
 	{
-		run_fail(rc, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+		run_fail(rc, RL_FAIL_CONNECT, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
 				 pstrdup(strerror(err)));
 		return;
 	}
@@ -739,46 +749,86 @@ run_done(RunConn *rc)
 		(!rc->connecting && rc->handshake == 0 && rc->next >= rc->nsinks);
 }
 
-static void raise_error(int code, const char *msg) pg_attribute_noreturn();
+/* ----------------------------------------------------------------
+ * Failures: one fixed message per kind, the reason apart
+ * ----------------------------------------------------------------
+ */
+static const char *const failure_message[] = {
+	[RL_FAIL_CONNECT] = gettext_noop("could not connect to Redis at %s"),
+	[RL_FAIL_PASSWORD] = gettext_noop("password authentication failed for Redis at %s"),
+	[RL_FAIL_NOAUTH] = gettext_noop("Redis at %s requires authentication"),
+	[RL_FAIL_AUTH] = gettext_noop("Redis at %s refused authentication"),
+	[RL_FAIL_SETUP] = gettext_noop("Redis at %s refused the connection setup"),
+	[RL_FAIL_SEND] = gettext_noop("could not send to Redis at %s"),
+	[RL_FAIL_RECEIVE] = gettext_noop("lost connection to Redis at %s"),
+	[RL_FAIL_TIMEOUT] = gettext_noop("Redis at %s did not reply in time"),
+	[RL_FAIL_PARSE] = gettext_noop("could not parse a reply from Redis at %s"),
+	[RL_FAIL_LOCAL] = gettext_noop("could not talk to Redis at %s"),
+	[RL_FAIL_ROUTE] = gettext_noop("could not find the Redis node for key \"%s\""),
+};
 
-/* Raise a transport failure as the ERROR a caller sees */
-static void
-raise_error(int code, const char *msg)
+static const char *const failure_hint[] = {
+	[RL_FAIL_CONNECT] = gettext_noop("Check redis_lock.url and that Redis is running."),
+	[RL_FAIL_PASSWORD] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
+	[RL_FAIL_NOAUTH] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
+	[RL_FAIL_AUTH] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
+	[RL_FAIL_SETUP] = gettext_noop("Check the database number in redis_lock.url."),
+	[RL_FAIL_SEND] = gettext_noop("Check that Redis is running."),
+	[RL_FAIL_RECEIVE] = gettext_noop("Check that Redis is running."),
+	[RL_FAIL_TIMEOUT] = gettext_noop("Check redis_lock.command_timeout and that Redis is running."),
+	[RL_FAIL_ROUTE] = gettext_noop("Check redis_lock.url, redis_lock.sentinels and redis_lock.sentinel_master, or redis_lock.cluster."),
+};
+
+/* What a failure names: the server, or for RL_FAIL_ROUTE the key */
+static const char *
+failure_subject(const RLCall *call)
 {
-	if (code == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
-		ereport(ERROR,
-				(errcode(code),
-				 errmsg("%s", msg),
-				 errhint("Check redis_lock.url and that Redis is running.")));
-	if (code == ERRCODE_INVALID_PASSWORD ||
-		code == ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION)
-		ereport(ERROR,
-				(errcode(code),
-				 errmsg("%s", msg),
-				 errhint("Check redis_lock.password and the user in redis_lock.url.")));
-	ereport(ERROR,
-			(errcode(code),
-			 errmsg("%s", msg),
-			 errhint("Check redis_lock.url, redis_lock.command_timeout and that Redis is running.")));
-	pg_unreachable();
+	if (call->failure == RL_FAIL_ROUTE)
+		return call->key ? call->key : "";
+	return call->conn ? call->conn->label : "";
 }
 
+/* Record that call got no reply, and why */
+void
+rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *reason)
+{
+	Assert(failure != RL_FAIL_NONE && reason != NULL);
+	call->reply = NULL;
+	call->failure = failure;
+	call->sqlstate = sqlstate;
+	call->error = reason;
+}
+
+/*
+ * One line saying what went wrong with call, for a detail or a LOG: its
+ * failure and reason, Redis' error reply, or an unexpected reply.
+ */
+char *
+rl_call_problem(const RLCall *call)
+{
+	if (call->error != NULL)
+		return psprintf("%s: %s",
+						psprintf(_(failure_message[call->failure]), failure_subject(call)),
+						call->error);
+	if (call->reply == NULL)
+		return psprintf(_("no reply from Redis at %s"), failure_subject(call));
+	if (call->reply->type == REDIS_REPLY_ERROR)
+		return psprintf(_("Redis at %s replied: %s"), failure_subject(call), call->reply->str);
+	return psprintf(_("unexpected reply from Redis at %s (type %d)"),
+					failure_subject(call), call->reply->type);
+}
+
+/* Raise the failure of a call that got no reply as the ERROR a caller sees */
 void
 rl_raise_call_error(RLCall *call)
 {
-	raise_error(call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE,
-				call->error ? call->error : "no reply from Redis");
-}
-
-static char *
-soft_message(RunConn *rc)
-{
-	if (rc->errcode == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION &&
-		strncmp(rc->errmsg, "could not", 9) != 0 &&
-		strncmp(rc->errmsg, "Redis at", 8) != 0)
-		return psprintf("could not connect to Redis at %s: %s",
-						rc->conn->label, rc->errmsg);
-	return rc->errmsg;
+	Assert(call->error != NULL);
+	ereport(ERROR,
+			(errcode(call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE),
+			 errmsg(failure_message[call->failure], failure_subject(call)),
+			 errdetail_internal("%s", call->error),
+			 failure_hint[call->failure] ? errhint("%s", _(failure_hint[call->failure])) : 0));
+	pg_unreachable();
 }
 
 /* (Re)connect rc's connection if needed and queue all its calls */
@@ -825,15 +875,22 @@ queue_run(RunConn *rc, TimestampTz now)
 static bool
 retry_stale(RunConn *rc, TimestampTz now)
 {
-	if (!rc->reused || rc->next > 0 || rc->errcode != ERRCODE_CONNECTION_FAILURE)
+	if (!rc->reused || rc->next > 0 ||
+		(rc->failure != RL_FAIL_SEND && rc->failure != RL_FAIL_RECEIVE))
 		return false;
 	queue_run(rc, now);
 	rc->reused = false;
 	if (!rc->failed && !rc->connecting && !flush_some(rc))
-		run_fail(rc, ERRCODE_CONNECTION_FAILURE,
-				 psprintf("could not send to Redis at %s: %s",
-						  rc->conn->label, io_error_text(rc->conn)));
+		run_fail(rc, RL_FAIL_SEND, ERRCODE_CONNECTION_FAILURE, io_error_text(rc->conn));
 	return true;
+}
+
+/* A write failed: fail the run, or retry it once on a fresh connection */
+static void
+fail_write(RunConn *rc, TimestampTz now)
+{
+	run_fail(rc, RL_FAIL_SEND, ERRCODE_CONNECTION_FAILURE, io_error_text(rc->conn));
+	retry_stale(rc, now);
 }
 
 /*
@@ -846,7 +903,7 @@ retry_stale(RunConn *rc, TimestampTz now)
  * RL_RUN_SOFT: failures are recorded in the calls; nothing is raised except
  * by interrupts (hold them if that matters).
  */
-static void run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms);
+static void run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms);
 
 /*
  * Send every call and collect every reply, over all the connections they
@@ -856,7 +913,7 @@ static void run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms);
  * calls of one connection in the same batch.
  */
 void
-rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
+rl_run(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 {
 	RLConn	  **conns;
 	int			nconns = 0;
@@ -908,15 +965,17 @@ rl_run(RLCall *calls, int ncalls, int mode, int timeout_ms)
 	pfree(batch_of);
 }
 
-static void
-run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
+/*
+ * Phase 1: one RunConn per connection the calls name, holding its calls in
+ * order.  Calls without a connection keep their preset error.
+ */
+static RunConn *
+group_by_connection(RLCall *calls, int ncalls, int timeout_ms, int *nruns)
 {
-	RunConn    *runs;
-	int			nruns = 0;
+	RunConn    *runs = palloc0(sizeof(RunConn) * ncalls);
 	int			i;
-	TimestampTz now = GetCurrentTimestamp();
 
-	runs = palloc0(sizeof(RunConn) * ncalls);
+	*nruns = 0;
 	for (i = 0; i < ncalls; i++)
 	{
 		RLCall	   *call = &calls[i];
@@ -929,20 +988,19 @@ run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		{
 			/* no node to send it to (topology unknown): error preset */
 			if (call->error == NULL)
-			{
-				call->error = pstrdup("no Redis node known for this key");
-				call->sqlstate = ERRCODE_CONNECTION_FAILURE;
-			}
+				rl_call_fail(call, RL_FAIL_ROUTE, ERRCODE_CONNECTION_FAILURE,
+							 pstrdup("no Redis node is known for it"));
 			continue;
 		}
+		call->failure = RL_FAIL_NONE;
 		call->error = NULL;
 		call->sqlstate = 0;
-		for (j = 0; j < nruns && rc == NULL; j++)
+		for (j = 0; j < *nruns && rc == NULL; j++)
 			if (runs[j].conn == call->conn)
 				rc = &runs[j];
 		if (rc == NULL)
 		{
-			rc = &runs[nruns++];
+			rc = &runs[(*nruns)++];
 			rc->conn = call->conn;
 			rc->timeout_ms = timeout_ms;
 			rc->sinkcap = 4;
@@ -955,6 +1013,17 @@ run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
 		}
 		rc->sinks[rc->nsinks++] = call;
 	}
+	return runs;
+}
+
+/*
+ * Phase 2: (re)connect where needed, queue every command and write what the
+ * sockets take at once (usually everything).
+ */
+static void
+write_runs(RunConn *runs, int nruns, TimestampTz now)
+{
+	int			i;
 
 	for (i = 0; i < nruns; i++)
 	{
@@ -970,140 +1039,135 @@ run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
 			 conn->ctx->err || has_unasked_bytes(conn)))
 			rl_conn_close(conn);
 		queue_run(rc, now);
-		/* first write attempt; usually everything fits the socket buffer */
 		if (!rc->failed && !rc->connecting && !flush_some(rc))
-		{
-			run_fail(rc, ERRCODE_CONNECTION_FAILURE,
-					 psprintf("could not send to Redis at %s: %s",
-							  conn->label, io_error_text(conn)));
-			retry_stale(rc, now);
-		}
+			fail_write(rc, now);
 	}
+}
 
-	for (;;)
+/*
+ * Phase 3a: the sockets still to wait on, with the events each needs; runs
+ * past their deadline fail here.  Returns how many runs are pending.
+ */
+static int
+pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
+{
+	int			npending = 0;
+	int			i;
+
+	sw->nsock = 0;
+	for (i = 0; i < nruns; i++)
 	{
-		SockWait	sw;
-		int			npending = 0;
-		long		wait_ms;
+		RunConn    *rc = &runs[i];
+		uint32		ev;
 
-		sw.nsock = 0;
-		now = GetCurrentTimestamp();
-		for (i = 0; i < nruns; i++)
+		if (run_done(rc))
 		{
-			RunConn    *rc = &runs[i];
-			uint32		ev;
-
-			if (run_done(rc))
-			{
-				/*
-				 * Keep finished sockets in the set: the set then stays the
-				 * same for the whole run (and across runs on the same
-				 * nodes), instead of a new epoll instance every time one
-				 * of several masters answers.
-				 */
-				if (!rc->failed && rc->conn->ctx != NULL && sw.nsock < RL_WES_MAXSOCK)
-					sock_add(&sw, rc->conn->ctx->fd, WL_SOCKET_READABLE, i);
-				continue;
-			}
-			if (rc->connecting)
-			{
-				if (now >= rc->connect_deadline)
-				{
-					run_fail(rc, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-							 psprintf("could not connect to Redis at %s: timed out after %s",
-									  rc->conn->label,
-									  rl_format_ms(rl_connect_timeout_ms)));
-					continue;
-				}
-				ev = WL_SOCKET_CONNECTED;
-			}
-			else
-			{
-				ev = WL_SOCKET_READABLE;
-				if (sdslen(rc->conn->ctx->obuf) > 0)
-					ev |= WL_SOCKET_WRITEABLE;
-			}
-			if (!rc->connecting && now >= rc->deadline)
-			{
-				run_fail(rc, ERRCODE_CONNECTION_FAILURE,
-						 psprintf("Redis at %s did not reply within %s",
-								  rc->conn->label, rl_format_ms(timeout_ms)));
-				continue;
-			}
-			sock_add(&sw, rc->conn->ctx->fd, ev, i);
-			npending++;
+			/*
+			 * Keep finished sockets in the set: the set then stays the same
+			 * for the whole run (and across runs on the same nodes), instead
+			 * of a new epoll instance every time one of several masters
+			 * answers.
+			 */
+			if (!rc->failed && rc->conn->ctx != NULL && sw->nsock < RL_WES_MAXSOCK)
+				sock_add(sw, rc->conn->ctx->fd, WL_SOCKET_READABLE, i);
+			continue;
 		}
-		if (npending == 0)
-			break;
-
-		wait_ms = LONG_MAX;
-		for (i = 0; i < sw.nsock; i++)
+		if (rc->connecting && now >= rc->connect_deadline)
 		{
-			RunConn    *rc = &runs[sw.owner[i]];
-			TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
-
-			if (!run_done(rc))
-				wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
+			run_fail(rc, RL_FAIL_CONNECT, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+					 psprintf("timed out after %s", rl_format_ms(rl_connect_timeout_ms)));
+			continue;
 		}
-		if (wait_ms < 1)
-			wait_ms = 1;
-
-		if (wait_sockets(&sw, wait_ms) < 0)
+		if (!rc->connecting && now >= rc->deadline)
 		{
-			for (i = 0; i < sw.nsock; i++)
-				if (!run_done(&runs[sw.owner[i]]))
-					run_fail(&runs[sw.owner[i]], ERRCODE_CONNECTION_FAILURE,
-							 pstrdup("postmaster exited"));
-			break;
+			run_fail(rc, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+					 psprintf("no reply within %s", rl_format_ms(rc->timeout_ms)));
+			continue;
 		}
-		now = GetCurrentTimestamp();
-		for (i = 0; i < sw.nready; i++)
-		{
-			RunConn    *rc = &runs[sw.ready[i]];
-
-			if (rc->failed)
-				continue;
-			if (run_done(rc))
-			{
-				/* data or EOF nobody asked for: its state is unknown */
-				rl_conn_close(rc->conn);
-				continue;
-			}
-			if (rc->connecting)
-			{
-				finish_connect(rc);
-				if (rc->failed || rc->connecting)
-					continue;
-			}
-			if (sdslen(rc->conn->ctx->obuf) > 0 && !flush_some(rc))
-			{
-				run_fail(rc, ERRCODE_CONNECTION_FAILURE,
-						 psprintf("could not send to Redis at %s: %s",
-								  rc->conn->label, io_error_text(rc->conn)));
-				retry_stale(rc, now);
-				continue;
-			}
-			if (sw.ready_ev[i] & WL_SOCKET_READABLE)
-			{
-				if (redisBufferRead(rc->conn->ctx) != REDIS_OK)
-				{
-					/* hand out what arrived before the failure */
-					drain_replies(rc);
-					if (!run_done(rc))
-					{
-						run_fail(rc, ERRCODE_CONNECTION_FAILURE,
-								 psprintf("lost connection to Redis at %s: %s",
-										  rc->conn->label, io_error_text(rc->conn)));
-						retry_stale(rc, now);
-					}
-					continue;
-				}
-				drain_replies(rc);
-			}
-		}
+		if (rc->connecting)
+			ev = WL_SOCKET_CONNECTED;
+		else
+			ev = WL_SOCKET_READABLE | (has_unsent(rc->conn) ? WL_SOCKET_WRITEABLE : 0);
+		sock_add(sw, rc->conn->ctx->fd, ev, i);
+		npending++;
 	}
+	return npending;
+}
 
-	/* settle: finished connections are reusable, failures go to the calls */
+/* Phase 3b: how long to wait: until the nearest deadline of a pending run */
+static long
+next_deadline_ms(RunConn *runs, const SockWait *sw, TimestampTz now)
+{
+	long		wait_ms = LONG_MAX;
+	int			i;
+
+	for (i = 0; i < sw->nsock; i++)
+	{
+		RunConn    *rc = &runs[sw->owner[i]];
+		TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
+
+		if (!run_done(rc))
+			wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
+	}
+	return Max(wait_ms, 1);
+}
+
+/* Phase 3c: finish connects, write more, read and hand out replies */
+static void
+serve_ready(RunConn *runs, const SockWait *sw, TimestampTz now)
+{
+	int			i;
+
+	for (i = 0; i < sw->nready; i++)
+	{
+		RunConn    *rc = &runs[sw->ready[i]];
+
+		if (rc->failed)
+			continue;
+		if (run_done(rc))
+		{
+			/* data or EOF nobody asked for: its state is unknown */
+			rl_conn_close(rc->conn);
+			continue;
+		}
+		if (rc->connecting)
+		{
+			finish_connect(rc);
+			if (rc->failed || rc->connecting)
+				continue;
+		}
+		if (has_unsent(rc->conn) && !flush_some(rc))
+		{
+			fail_write(rc, now);
+			continue;
+		}
+		if (!(sw->ready_ev[i] & WL_SOCKET_READABLE))
+			continue;
+		if (redisBufferRead(rc->conn->ctx) != REDIS_OK)
+		{
+			/* hand out what arrived before the failure */
+			drain_replies(rc);
+			if (!run_done(rc))
+			{
+				run_fail(rc, RL_FAIL_RECEIVE, ERRCODE_CONNECTION_FAILURE,
+						 io_error_text(rc->conn));
+				retry_stale(rc, now);
+			}
+			continue;
+		}
+		drain_replies(rc);
+	}
+}
+
+/*
+ * Phase 4: finished connections become reusable; each call learns whether
+ * its bytes went out and, if its connection failed, why.
+ */
+static void
+settle_runs(RunConn *runs, int nruns)
+{
+	int			i;
+
 	for (i = 0; i < nruns; i++)
 	{
 		RunConn    *rc = &runs[i];
@@ -1117,19 +1181,42 @@ run_batch(RLCall *calls, int ncalls, int mode, int timeout_ms)
 
 			call->sent = rc->wrote || call->reply != NULL;
 			if (rc->failed && call->reply == NULL)
-			{
-				call->error = soft_message(rc);
-				call->sqlstate = rc->errcode;
-			}
+				rl_call_fail(call, rc->failure, rc->errcode, rc->reason);
 		}
 	}
+}
+
+static void
+run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
+{
+	RunConn    *runs;
+	int			nruns;
+	int			i;
+
+	runs = group_by_connection(calls, ncalls, timeout_ms, &nruns);
+	write_runs(runs, nruns, GetCurrentTimestamp());
+	for (;;)
+	{
+		SockWait	sw;
+		TimestampTz now = GetCurrentTimestamp();
+
+		if (pending_sockets(runs, nruns, &sw, now) == 0)
+			break;
+		if (wait_sockets(&sw, next_deadline_ms(runs, &sw, now)) < 0)
+		{
+			for (i = 0; i < sw.nsock; i++)
+				if (!run_done(&runs[sw.owner[i]]))
+					run_fail(&runs[sw.owner[i]], RL_FAIL_LOCAL, ERRCODE_CONNECTION_FAILURE,
+							 pstrdup("postmaster exited"));
+			break;
+		}
+		serve_ready(runs, &sw, GetCurrentTimestamp());
+	}
+	settle_runs(runs, nruns);
 	if (mode == RL_RUN_HARD)
 	{
-		for (i = 0; i < nruns; i++)
-			if (runs[i].failed)
-				raise_error(runs[i].errcode, soft_message(&runs[i]));
 		for (i = 0; i < ncalls; i++)
-			if (calls[i].conn == NULL)
+			if (calls[i].error != NULL)
 				rl_raise_call_error(&calls[i]);
 	}
 	for (i = 0; i < nruns; i++)
@@ -1158,14 +1245,16 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 		call->argvlen[i] = argvlen ? argvlen[i] : strlen(argv[i]);
 	}
 	call->reply = NULL;
+	call->failure = RL_FAIL_NONE;
 	call->error = NULL;
+	call->sqlstate = 0;
 }
 
 void
 rl_call_arg(RLCall *call, const char *arg, size_t len)
 {
 	if (call->argc >= RL_MAX_ARGS)
-		elog(ERROR, "redis_lock: too many arguments for one command");
+		elog(ERROR, "too many arguments for one command");
 	call->argv[call->argc] = arg;
 	call->argvlen[call->argc] = len;
 	call->argc++;
@@ -1289,7 +1378,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 			if (subs[i]->ctx == NULL)
 				continue;
 			sock_add(&sw, subs[i]->ctx->fd,
-					 sdslen(subs[i]->ctx->obuf) > 0 ?
+					 has_unsent(subs[i]) ?
 					 WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE,
 					 i);
 		}
@@ -1320,7 +1409,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 
 			if (c->ctx == NULL)
 				continue;
-			if (sdslen(c->ctx->obuf) > 0 &&
+			if (has_unsent(c) &&
 				redisBufferWrite(c->ctx, &done) != REDIS_OK)
 			{
 				rl_conn_close(c);

@@ -1,16 +1,15 @@
 /*-------------------------------------------------------------------------
  *
  * watchdog.c
- *	  Owns the shared-memory registry of every backend's Redis locks, the
- *	  counters of redis_lock_stats(), and the background worker that renews
- *	  watchdog leases and releases what exited backends left behind.
+ *	  Owns the shared-memory registry of every backend's Redis locks and the
+ *	  background worker that renews watchdog leases and releases what exited
+ *	  backends left behind.
  *
  *	  All of it exists only with shared_preload_libraries = 'redis_lock';
- *	  otherwise every function here is a cheap no-op and counters are kept
- *	  per backend.  Backends write only their own slots; the worker only
+ *	  otherwise every function here is a cheap no-op.  Backends write only their own slots; the worker only
  *	  marks slots renewed or lost and frees orphans, always checking the
  *	  slot's generation so a result never lands on a reused slot.  The
- *	  worker talks to Redis only through scripts.c (compare-and-PEXPIRE,
+ *	  worker talks to Redis only through lockop.c (compare-and-PEXPIRE,
  *	  compare-and-delete), so it can never re-create a lock that vanished.
  *
  *	  Must not: touch a backend's local lock table, or raise ERROR in the
@@ -18,7 +17,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "watchdog.h"
 
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -75,7 +74,6 @@ typedef struct RLShared
 {
 	LWLock	   *lock;
 	Latch	   *worker_latch;
-	pg_atomic_uint64 stats[RL_STAT_COUNT];
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
 	RLSharedTarget targets[RL_MAX_TARGETS];
 	int			nslots;
@@ -86,7 +84,6 @@ typedef struct RLShared
 
 static RLShared *shared = NULL;
 static int *freelist = NULL;
-static uint64 local_stats[RL_STAT_COUNT];
 static int	registry_capacity = 0;
 
 #if PG_VERSION_NUM >= 150000
@@ -111,24 +108,18 @@ shared_size(void)
 }
 
 static void
-request_shmem(void)
+registry_request_shmem(void)
 {
+#if PG_VERSION_NUM >= 150000
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+#endif
 	RequestAddinShmemSpace(shared_size());
 	RequestNamedLWLockTranche("redis_lock", 1);
 }
 
-#if PG_VERSION_NUM >= 150000
 static void
-shmem_request(void)
-{
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	request_shmem();
-}
-#endif
-
-static void
-shmem_startup(void)
+registry_attach_shmem(void)
 {
 	bool		found;
 	int			i;
@@ -144,8 +135,6 @@ shmem_startup(void)
 		/* a fresh start, also after a crash: nothing is resurrected */
 		memset(shared, 0, shared_size());
 		shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
-		for (i = 0; i < RL_STAT_COUNT; i++)
-			pg_atomic_init_u64(&shared->stats[i], 0);
 		pg_atomic_init_u32(&shared->lost_events, 0);
 		shared->nslots = registry_capacity;
 		shared->nfree = registry_capacity;
@@ -173,12 +162,12 @@ rl_watchdog_init(void)
 
 #if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = shmem_request;
+	shmem_request_hook = registry_request_shmem;
 #else
-	request_shmem();
+	registry_request_shmem();
 #endif
 	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = shmem_startup;
+	shmem_startup_hook = registry_attach_shmem;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
@@ -189,38 +178,6 @@ rl_watchdog_init(void)
 	snprintf(worker.bgw_name, BGW_MAXLEN, "redis_lock watchdog");
 	snprintf(worker.bgw_type, BGW_MAXLEN, "redis_lock watchdog");
 	RegisterBackgroundWorker(&worker);
-}
-
-/* ----------------------------------------------------------------
- * Counters
- * ----------------------------------------------------------------
- */
-void
-rl_stats_add(int field, uint64 n)
-{
-	if (shared != NULL)
-		pg_atomic_fetch_add_u64(&shared->stats[field], n);
-	else
-		local_stats[field] += n;
-}
-
-void
-rl_stats_read(RLStats *out)
-{
-	uint64		v[RL_STAT_COUNT];
-	int			i;
-
-	for (i = 0; i < RL_STAT_COUNT; i++)
-		v[i] = shared != NULL ? pg_atomic_read_u64(&shared->stats[i]) : local_stats[i];
-	out->acquired = v[RL_STAT_ACQUIRED];
-	out->failed = v[RL_STAT_FAILED];
-	out->timed_out = v[RL_STAT_TIMED_OUT];
-	out->waits = v[RL_STAT_WAITS];
-	out->wait_time_us = v[RL_STAT_WAIT_US];
-	out->renewals = v[RL_STAT_RENEWALS];
-	out->lost = v[RL_STAT_LOST];
-	out->reconnects = v[RL_STAT_RECONNECTS];
-	out->released = v[RL_STAT_RELEASED];
 }
 
 /* ----------------------------------------------------------------
@@ -314,7 +271,8 @@ wake_worker(void)
  * before Redis is asked, so a full registry is an error with nothing taken.
  */
 int
-rl_registry_add(RLHeld *e)
+rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
+				int64 lease_ms)
 {
 	RLSlot	   *s;
 	int			idx;
@@ -325,7 +283,7 @@ rl_registry_add(RLHeld *e)
 		return -1;
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	nfree = shared->nfree;
-	tidx = nfree > 0 ? target_ref(e->target) : TARGET_TABLE_FULL;
+	tidx = nfree > 0 ? target_ref(target) : TARGET_TABLE_FULL;
 	if (nfree == 0 || tidx < 0)
 	{
 		LWLockRelease(shared->lock);
@@ -355,83 +313,84 @@ rl_registry_add(RLHeld *e)
 	s->st.pid = MyProcPid;
 	s->st.dbid = MyDatabaseId;
 	s->target = tidx;
-	s->st.protocol = e->names.protocol;
+	s->st.protocol = names->protocol;
 	s->st.watchdog = false;
 	s->st.lost = false;
 	s->st.session_holds = s->st.xact_holds = 0;
 	s->st.fence = 0;
-	s->st.lease_ms = e->lease_ms;
+	s->st.lease_ms = lease_ms;
 	s->st.acquired_at = s->st.last_renewed_at = GetCurrentTimestamp();
-	strlcpy(s->name, e->name, sizeof(s->name));
-	strlcpy(s->key, e->names.key, sizeof(s->key));
-	strlcpy(s->owner, e->names.owner, sizeof(s->owner));
+	strlcpy(s->name, name, sizeof(s->name));
+	strlcpy(s->key, names->key, sizeof(s->key));
+	strlcpy(s->owner, names->owner, sizeof(s->owner));
 	LWLockRelease(shared->lock);
 	return idx;
 }
 
 /*
- * Copy the entry's state to its slot.  refreshed: the backend just
- * restarted the lease in Redis itself, so renewal restarts from now.
+ * Copy a lock's state (holds, fence, lease, watchdog, lost, acquired_at) and
+ * owner to its slot.  refreshed: the backend just restarted the lease in
+ * Redis itself, so renewal restarts from now.
  */
 void
-rl_registry_update(RLHeld *e, bool refreshed)
+rl_registry_update(int slot, const RLLockState *st, const char *owner,
+				   bool refreshed)
 {
 	RLSlot	   *s;
+	int			holds = st->session_holds + st->xact_holds;
 
-	if (shared == NULL || e->registry_slot < 0)
+	if (shared == NULL || slot < 0)
 		return;
-	s = &shared->slots[e->registry_slot];
+	s = &shared->slots[slot];
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	if (s->state == SLOT_RESERVED && RL_HOLDS(e) > 0)
-		s->st.acquired_at = e->acquired_at;
+	if (s->state == SLOT_RESERVED && holds > 0)
+		s->st.acquired_at = st->acquired_at;
 	/* a renewal or loss the worker found for the old holds lands nowhere */
-	if (s->state == SLOT_HELD && RL_HOLDS(e) == 0)
+	if (s->state == SLOT_HELD && holds == 0)
 		s->generation++;
-	s->state = RL_HOLDS(e) > 0 ? SLOT_HELD : SLOT_RESERVED;
-	s->st.watchdog = e->watchdog;
-	s->st.lost = s->st.lost || e->lost;
-	s->st.session_holds = e->session_holds;
-	s->st.xact_holds = e->xact_holds;
-	s->st.fence = e->fence;
-	s->st.lease_ms = e->lease_ms;
-	strlcpy(s->owner, e->names.owner, sizeof(s->owner));
+	s->state = holds > 0 ? SLOT_HELD : SLOT_RESERVED;
+	s->st.watchdog = st->watchdog;
+	s->st.lost = s->st.lost || st->lost;
+	s->st.session_holds = st->session_holds;
+	s->st.xact_holds = st->xact_holds;
+	s->st.fence = st->fence;
+	s->st.lease_ms = st->lease_ms;
+	strlcpy(s->owner, owner, sizeof(s->owner));
 	if (refreshed)
 		s->st.last_renewed_at = GetCurrentTimestamp();
 	LWLockRelease(shared->lock);
 }
 
 void
-rl_registry_remove(RLHeld *e)
+rl_registry_remove(int slot)
 {
-	if (shared == NULL || e->registry_slot < 0)
+	if (shared == NULL || slot < 0)
 		return;
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	slot_free(e->registry_slot);
+	slot_free(slot);
 	LWLockRelease(shared->lock);
-	e->registry_slot = -1;
 }
 
 /* The backend exits without having released this: the worker takes over */
 void
-rl_registry_orphan(RLHeld *e)
+rl_registry_orphan(int slot)
 {
-	if (shared == NULL || e->registry_slot < 0)
+	if (shared == NULL || slot < 0)
 		return;
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	shared->slots[e->registry_slot].state = SLOT_ORPHAN;
+	shared->slots[slot].state = SLOT_ORPHAN;
 	LWLockRelease(shared->lock);
-	e->registry_slot = -1;
 	wake_worker();
 }
 
 /* Has the worker found this lock lost?  Only our own slot: no lock needed */
 bool
-rl_registry_lost(RLHeld *e)
+rl_registry_lost(int slot)
 {
-	if (shared == NULL || e->registry_slot < 0)
+	if (shared == NULL || slot < 0)
 		return false;
 	pg_read_barrier();
-	return shared->slots[e->registry_slot].st.lost;
+	return shared->slots[slot].st.lost;
 }
 
 /* Changes whenever the worker marks any lock lost */
@@ -576,6 +535,16 @@ backend_alive(int pid)
 	return BackendPidGetProc(pid) != NULL;
 }
 
+
+/* What went wrong with a failed op, for the watchdog's LOG line */
+static char *
+watchdog_problem(RLLockOp *op)
+{
+	if (op->failure != NULL)
+		return rl_call_problem(op->failure);
+	return pstrdup(_("No majority of the Redis masters answered."));
+}
+
 /* One line per failing target per LOG_EVERY_MS, and one when it recovers */
 static void
 log_target(int tidx, const char *spec, int nfailed, RLLockOp *failed_op)
@@ -599,16 +568,18 @@ log_target(int tidx, const char *spec, int nfailed, RLLockOp *failed_op)
 		l->unlogged += nfailed;
 		return;
 	}
-	ereport(LOG,
-			(errcode(ERRCODE_CONNECTION_FAILURE),
-			 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s",
-					nfailed, where),
-			 errdetail_internal("%s", failed_op->failure && failed_op->failure->error ?
-								failed_op->failure->error : "No majority of the Redis masters answered."),
-			 l->unlogged > 0 ?
-			 errhint("%d more attempt(s) failed since the last report; retrying with back-off.",
-					 l->unlogged) :
-			 errhint("Retrying with back-off.")));
+	if (l->unlogged > 0)
+		ereport(LOG,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s; %d more attempt(s) failed since the last report",
+						nfailed, where, l->unlogged),
+				 errdetail_internal("%s", watchdog_problem(failed_op))));
+	else
+		ereport(LOG,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s",
+						nfailed, where),
+				 errdetail_internal("%s", watchdog_problem(failed_op))));
 	l->failing = true;
 	l->logged_at = now;
 	l->unlogged = 0;
@@ -639,7 +610,7 @@ run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
 	}
 	rl_use_credentials(target->password[0] ? target->password : NULL,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
-	rl_lock_ops_run(ops, n, true);
+	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
 	rl_use_settings_credentials();
 
 	now = GetCurrentTimestamp();
@@ -668,13 +639,13 @@ run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
 			if (f == 1)
 			{
 				s->st.last_renewed_at = now;
-				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RENEWALS], 1);
+				rl_stats_add(RL_STAT_RENEWALS, 1);
 			}
 			else if (f == 0)
 			{
 				/* token gone or changed: lost for good, never renewed again */
 				s->st.lost = true;
-				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_LOST], 1);
+				rl_stats_add(RL_STAT_LOST, 1);
 				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
 			}
 		}
@@ -682,7 +653,7 @@ run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
 		{
 			/* released, or surely expired: the slot is free again */
 			if (f == 1)
-				pg_atomic_fetch_add_u64(&shared->stats[RL_STAT_RELEASED], 1);
+				rl_stats_add(RL_STAT_RELEASED, 1);
 			slot_free(j->slot);
 		}
 	}

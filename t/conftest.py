@@ -19,9 +19,7 @@ def redis_srv():
 
 @pytest.fixture(scope="module")
 def pg(redis_srv):
-    p = testbed.Postgres(conf={"redis_lock.url": redis_srv.url}).init().start()
-    with p.connect() as c:
-        c.cursor().execute("CREATE EXTENSION redis_lock")
+    p = testbed.Postgres(conf={"redis_lock.url": redis_srv.url}).init().start().with_extension()
     yield p
     p.cleanup()
 
@@ -89,6 +87,16 @@ def sessions(pg):
         s.close()
 
 
+@pytest.fixture
+def rsql(sessions):
+    """Sessions speaking Redisson's layout."""
+    def make():
+        s = sessions()
+        s.run("SET redis_lock.protocol = 'redisson'")
+        return s
+    return make
+
+
 def wait_for_wait_event(admin, pid, timeout=10):
     """Poll until backend pid sits in our Extension wait."""
     def waiting():
@@ -102,10 +110,7 @@ def env():
     """A Redis and a preloaded PostgreSQL of the test's own (it may stop,
     freeze or reconfigure them), and a factory of sessions on it."""
     r = testbed.Redis().start()
-    pg = testbed.Postgres(conf={"redis_lock.url": r.url}).init().start()
-    c = pg.connect()
-    c.cursor().execute("CREATE EXTENSION redis_lock")
-    c.close()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url}).init().start().with_extension()
     made = []
 
     def session(**kw):

@@ -37,11 +37,7 @@ def fresh_pg(**conf):
     conf.setdefault("redis_lock.command_timeout", "%dms" % TIMEOUT_MS)
     conf.setdefault("redis_lock.connect_timeout", "%dms" % TIMEOUT_MS)
     conf.setdefault("redis_lock.lease_time", LEASE)
-    pg = testbed.Postgres(conf=conf).init().start()
-    c = pg.connect()
-    c.cursor().execute("CREATE EXTENSION redis_lock")
-    c.close()
-    return pg
+    return testbed.Postgres(conf=conf).init().start().with_extension()
 
 
 # ================================================================ faults

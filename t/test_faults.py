@@ -19,9 +19,7 @@ def own_redis():
 
 @pytest.fixture
 def own_pg(own_redis):
-    p = testbed.Postgres(conf={"redis_lock.url": own_redis.url}).init().start()
-    with p.connect() as c:
-        c.cursor().execute("CREATE EXTENSION redis_lock")
+    p = testbed.Postgres(conf={"redis_lock.url": own_redis.url}).init().start().with_extension()
     yield p
     p.cleanup()
 
@@ -40,7 +38,8 @@ def test_acquire_with_unknown_outcome_is_not_believed_and_is_cleaned_up(own_redi
         with pytest.raises(psycopg2.OperationalError) as ei:
             s.run("SELECT redis_lock_acquire('frozen', ttl => '60s')")
         assert ei.value.pgcode == "08006"
-        assert "did not reply within 300ms" in str(ei.value)
+        assert ei.value.diag.message_primary.endswith("did not reply in time")
+        assert ei.value.diag.message_detail == "no reply within 300ms"
         assert time.monotonic() - t0 < S * 1.0
     finally:
         own_redis.resume()
@@ -146,7 +145,13 @@ def test_oom_under_maxmemory(own_redis, own_pg):
         with pytest.raises(psycopg2.Error) as ei:
             s.run("SELECT redis_lock_acquire('oom')")
         assert ei.value.pgcode == "53000"
-        assert "OOM" in str(ei.value)
+        # postgres_fdw's style: fixed primary, Redis' text in the detail,
+        # the command, key and server in the context
+        d = ei.value.diag
+        where = "127.0.0.1:%d" % own_redis.port
+        assert d.message_primary == 'could not acquire Redis lock "oom"'
+        assert d.message_detail.startswith("Redis at %s replied: OOM" % where), d.message_detail
+        assert 'Redis script "simple acquire" on key "oom" at %s' % where in d.context, d.context
         assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
     finally:
         rc.config_set("maxmemory", "0")

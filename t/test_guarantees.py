@@ -30,10 +30,7 @@ from testbed import TIME_SCALE as S
 
 
 def fresh_pg(preload=True, **conf):
-    pg = testbed.Postgres(preload=preload, conf=conf).init().start()
-    with pg.connect() as c:
-        c.cursor().execute("CREATE EXTENSION redis_lock")
-    return pg
+    return testbed.Postgres(preload=preload, conf=conf).init().start().with_extension()
 
 
 def worker_pid(pg):

@@ -159,16 +159,6 @@ def test_sql_holder_excludes_node_redlock(sessions, rc, redlock):
 
 # ---------------------------------------------------------------- Redisson
 
-@pytest.fixture
-def rsql(sessions):
-    """A SQL session speaking Redisson's layout."""
-    def make():
-        s = sessions()
-        s.run("SET redis_lock.protocol = 'redisson'")
-        return s
-    return make
-
-
 def test_redisson_layout_written_by_sql(rsql, rc):
     a = rsql()
     fence = a.run("SELECT redis_lock_acquire('inventory', ttl => '20s')")

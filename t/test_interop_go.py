@@ -99,10 +99,7 @@ def redlock_pg(masters):
             m.start()
         m.client().flushall()
     pg = testbed.Postgres(conf={"redis_lock.nodes": ",".join(m.url for m in masters)}
-                          ).init().start()
-    c = pg.connect()
-    c.cursor().execute("CREATE EXTENSION redis_lock")
-    c.close()
+                          ).init().start().with_extension()
     yield pg
     pg.cleanup()
     for m in masters:

@@ -34,14 +34,16 @@ def java(request, redis_srv):
     peer.close()
 
 
-@pytest.fixture
-def rsql(sessions):
-    """A SQL session speaking Redisson's layout."""
-    def make():
-        s = sessions()
-        s.run("SET redis_lock.protocol = 'redisson'")
-        return s
-    return make
+def java_waiter_latency(peer, waiting, release):
+    """release() (a SQL call returning true) while the peer's request waiting
+    blocks for the lock; seconds from the start of release() to the JVM
+    holding it."""
+    assert not peer.done(waiting)
+    t0 = time.time()
+    assert release() is True
+    got, at = peer.result(waiting)
+    assert got is True
+    return at - t0
 
 
 def wait_for_subscriber(rc, channel, sharded=False):
@@ -98,13 +100,10 @@ def test_sql_release_wakes_a_java_thread_blocked_in_lock(java, rsql, rc, key):
     assert a.run("SELECT redis_lock_acquire(%s, ttl => '30s') > 0", (key,))
     waiting = java.send("t2", "lock", key)
     wait_for_subscriber(rc, redisson_name("redisson_lock__channel", key))
-    assert not java.done(waiting)
-    released = time.time()
-    assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
-    got, at = java.result(waiting)
-    assert got is True
-    report_latency("Redisson " + java.version, "SQL release -> Java lock() waiter", at - released)
-    assert at - released < 0.05
+    latency = java_waiter_latency(java, waiting, lambda: a.run(
+        "SELECT redis_lock_release(%s)", (key,)))
+    report_latency("Redisson " + java.version, "SQL release -> Java lock() waiter", latency)
+    assert latency < 0.05
     assert java.call("t2", "held", key) is True
     assert java.call("t2", "unlock", key) is True
 
@@ -161,13 +160,10 @@ def test_force_unlock_both_ways(java, rsql, sessions, rc):
     assert java.call("t5a", "lock", "stuck") is True
     waiting = java.send("t5b", "lock", "stuck")
     wait_for_subscriber(rc, "redisson_lock__channel:{stuck}")
-    forced = time.time()
-    assert admin.run("SELECT redis_lock_force_release('stuck')") is True
-    got, at = java.result(waiting)
-    assert got is True
-    report_latency("Redisson " + java.version, "SQL force_release -> Java lock() waiter",
-                   at - forced)
-    assert at - forced < 0.05
+    latency = java_waiter_latency(java, waiting, lambda: admin.run(
+        "SELECT redis_lock_force_release('stuck')"))
+    report_latency("Redisson " + java.version, "SQL force_release -> Java lock() waiter", latency)
+    assert latency < 0.05
     with pytest.raises(JavaError, match="IllegalMonitorStateException"):
         java.call("t5a", "unlock", "stuck")                   # it was taken from t5a
     assert java.call("t5b", "unlock", "stuck") is True
@@ -315,13 +311,11 @@ def test_sql_holder_excludes_jedis_and_jedis_cannot_release_it(jedis, sessions, 
     # a Jedis loop retrying every 10 ms gets it once SQL releases
     waiting = jedis.send("j2", "jwait", "nightly", 30000, 10, 10000)
     time.sleep(0.1)                                  # let it fail a few tries
-    released = time.time()
-    assert a.run("SELECT redis_lock_release('nightly')") is True
-    got, at = jedis.result(waiting)
-    assert got is True
+    latency = java_waiter_latency(jedis, waiting, lambda: a.run(
+        "SELECT redis_lock_release('nightly')"))
     report_latency("Jedis " + jedis.jedis_version, "SQL release -> Jedis loop retrying every 10 ms",
-                   at - released)
-    assert at - released < 0.05
+                   latency)
+    assert latency < 0.05
     assert jedis.call("j2", "junlock", "nightly") is True
     assert rc.exists("nightly") == 0
 
@@ -333,10 +327,7 @@ def cluster():
     nodes = [testbed.cluster_node().start() for _ in range(3)]
     testbed.create_cluster(nodes)
     pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url, "redis_lock.cluster": "on"}
-                          ).init().start()
-    c = pg.connect()
-    c.cursor().execute("CREATE EXTENSION redis_lock")
-    c.close()
+                          ).init().start().with_extension()
     yield nodes, pg
     pg.cleanup()
     for n in nodes:
@@ -379,14 +370,11 @@ def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
         # SQL -> Java: Redisson's waiter is sharded too (SSUBSCRIBE on the key's node)
         waiting = peer.send("c2", "lock", key)
         wait_for_subscriber(owner, channel, sharded=True)
-        assert not peer.done(waiting)
-        released = time.time()
-        assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
-        got, at = peer.result(waiting)
-        assert got is True
+        latency = java_waiter_latency(peer, waiting, lambda: a.run(
+            "SELECT redis_lock_release(%s)", (key,)))
         report_latency("Redisson " + version, "Cluster: SQL release -> Java lock() waiter (sharded)",
-                       at - released)
-        assert at - released < 0.05
+                       latency)
+        assert latency < 0.05
         assert peer.call("c2", "unlock", key) is True
     finally:
         a.close()

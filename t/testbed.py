@@ -314,6 +314,15 @@ class Postgres:
     def reload(self):
         self._run([PGBIN + "/pg_ctl", "-D", self.data, "reload"])
 
+    def with_extension(self):
+        """CREATE EXTENSION redis_lock in the postgres database; returns self."""
+        c = self.connect()
+        try:
+            c.cursor().execute("CREATE EXTENSION redis_lock")
+        finally:
+            c.close()
+        return self
+
     def connect(self, dbname="postgres", autocommit=True, user="postgres", **kw):
         c = psycopg2.connect(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
                              connect_timeout=int(10 * TIME_SCALE), **kw)

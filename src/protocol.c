@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
- * scripts.c
- *	  Owns the wire protocols: the Lua scripts of the "simple" (SET NX PX)
- *	  and "redisson" (RLock hash) layouts, the names of the keys and
+ * protocol.c
+ *	  Owns the wire layouts: the Lua scripts of the "simple" (SET NX PX)
+ *	  and "redisson" (RLock hash) protocols, the names of the keys and
  *	  channels one lock touches, owner tokens, EVALSHA with recovery from
  *	  NOSCRIPT, and decoding of script replies.
  *
@@ -11,11 +11,12 @@
  *	  resends a command after finding a cached connection dead, and
  *	  locktable.c relies on it to clean up acquires whose outcome is unknown.
  *
- *	  Nothing here keeps state about held locks or waits.
+ *	  Nothing here keeps state about held locks or waits, or decides
+ *	  anything from the answers of several nodes (lockop.c does).
  *
  *-------------------------------------------------------------------------
  */
-#include "redis_lock.h"
+#include "protocol.h"
 
 #include <hiredis/hiredis.h>
 
@@ -149,6 +150,7 @@ static const char *inspect_lua =
 
 typedef struct RLScript
 {
+	const char *name;			/* for messages */
 	const char *body;
 	char		sha[41];
 } RLScript;
@@ -185,7 +187,7 @@ compute_sha(RLScript *s)
 	if (ctx == NULL || pg_cryptohash_init(ctx) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) s->body, strlen(s->body)) < 0 ||
 		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
-		elog(ERROR, "redis_lock: could not compute SHA1 of a script");
+		elog(ERROR, "could not compute SHA1 of a script");
 	pg_cryptohash_free(ctx);
 	hex_encode_bytes(digest, 20, s->sha);
 #else
@@ -197,14 +199,18 @@ compute_sha(RLScript *s)
 void
 rl_scripts_init(void)
 {
-	scripts[RL_SCRIPT_SIMPLE_ACQUIRE].body = simple_acquire_lua;
-	scripts[RL_SCRIPT_SIMPLE_RELEASE].body = simple_release_lua;
-	scripts[RL_SCRIPT_SIMPLE_EXTEND].body = simple_extend_lua;
-	scripts[RL_SCRIPT_REDISSON_ACQUIRE].body = redisson_acquire_lua;
-	scripts[RL_SCRIPT_REDISSON_RELEASE].body = redisson_release_lua;
-	scripts[RL_SCRIPT_REDISSON_EXTEND].body = redisson_extend_lua;
-	scripts[RL_SCRIPT_FORCE].body = force_lua;
-	scripts[RL_SCRIPT_INSPECT].body = inspect_lua;
+	const RLScript all[RL_SCRIPT_COUNT] = {
+		[RL_SCRIPT_SIMPLE_ACQUIRE] = {"simple acquire", simple_acquire_lua},
+		[RL_SCRIPT_SIMPLE_RELEASE] = {"simple release", simple_release_lua},
+		[RL_SCRIPT_SIMPLE_EXTEND] = {"simple extend", simple_extend_lua},
+		[RL_SCRIPT_REDISSON_ACQUIRE] = {"redisson acquire", redisson_acquire_lua},
+		[RL_SCRIPT_REDISSON_RELEASE] = {"redisson release", redisson_release_lua},
+		[RL_SCRIPT_REDISSON_EXTEND] = {"redisson extend", redisson_extend_lua},
+		[RL_SCRIPT_FORCE] = {"force release", force_lua},
+		[RL_SCRIPT_INSPECT] = {"inspect", inspect_lua},
+	};
+
+	memcpy(scripts, all, sizeof(scripts));
 }
 
 /*
@@ -290,7 +296,7 @@ build_slot_tags(void)
 		}
 	}
 	if (remaining > 0)
-		elog(ERROR, "redis_lock: could not find a tag for every cluster slot");
+		elog(ERROR, "could not find a tag for every cluster slot");
 }
 
 /* prefix + ":" + key, braced unless key has a "{" (Redisson's rule) */
@@ -432,15 +438,7 @@ rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
 
 	Assert(nkeys < (int) lengthof(nkeys_text));
 	ensure_shas();
-	call->conn = conn;
-	call->target = NULL;
-	call->key = NULL;
-	call->keylen = 0;
-	call->follows = false;
-	call->asking = false;
-	call->extra_ms = 0;
-	call->error = NULL;
-	call->argc = 0;
+	rl_call_set(call, conn, 0, NULL, NULL);
 	if (s->sha[0] != '\0')
 	{
 		rl_call_arg(call, "EVALSHA", 7);
@@ -470,6 +468,27 @@ script_of(RLCall *call)
 	return NULL;
 }
 
+/* What a call runs, for messages: "script \"simple acquire\"" or its command */
+char *
+rl_call_command_name(RLCall *call)
+{
+	RLScript   *s = NULL;
+
+	if (call->argc >= 2 && (pg_strcasecmp(call->argv[0], "EVALSHA") == 0 ||
+							pg_strcasecmp(call->argv[0], "EVAL") == 0))
+	{
+		int			i;
+
+		s = script_of(call);
+		for (i = 0; s == NULL && i < RL_SCRIPT_COUNT; i++)
+			if (call->argv[1] == scripts[i].body)
+				s = &scripts[i];
+	}
+	if (s != NULL)
+		return psprintf("script \"%s\"", s->name);
+	return pnstrdup(call->argv[0], call->argvlen[0]);
+}
+
 /*
  * Run script calls on their nodes.  A NOSCRIPT reply (Redis restarted or
  * SCRIPT FLUSH) means the script did not run: those calls are sent again as
@@ -477,7 +496,7 @@ script_of(RLCall *call)
  * connection, so the next first use of another script costs nothing extra.
  */
 void
-rl_script_run(RLCall *calls, int ncalls, int mode)
+rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
 {
 	int		   *idx = NULL;
 	int			nretry = 0;
@@ -621,20 +640,6 @@ rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n)
  * Replies
  * ----------------------------------------------------------------
  */
-static char *
-reply_error_text(RLCall *call)
-{
-	if (call->error != NULL)
-		return call->error;
-	if (call->reply == NULL)
-		return pstrdup("no reply");
-	if (call->reply->type == REDIS_REPLY_ERROR)
-		return psprintf("Redis at %s replied: %s",
-						rl_conn_label(call->conn), call->reply->str);
-	return psprintf("unexpected reply from Redis at %s (type %d)",
-					rl_conn_label(call->conn), call->reply->type);
-}
-
 static bool
 is_text(const RLReply *r)
 {
@@ -708,265 +713,24 @@ rl_inspect_reply_valid(const RLReply *r)
 }
 
 /*
- * Decode a release/extend/force reply: 1 or 0; -1 with *error set when the
- * round trip failed or the key has a foreign type ("wrongtype:<type>").
+ * Decode a release/extend/force reply: RL_FLAG_YES or RL_FLAG_NO;
+ * RL_FLAG_WRONGTYPE with *type set when the key has a foreign type;
+ * RL_FLAG_FAILED when the round trip failed or the reply makes no sense.
  */
-int
-rl_parse_flag(RLCall *call, char **error)
+RLFlag
+rl_parse_flag(RLCall *call, char **type)
 {
 	RLReply    *r = call->reply;
 
-	*error = NULL;
+	*type = NULL;
 	if (r != NULL && r->type == REDIS_REPLY_INTEGER)
-		return r->integer ? 1 : 0;
+		return r->integer ? RL_FLAG_YES : RL_FLAG_NO;
 	if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
 		r->element[0]->type == REDIS_REPLY_INTEGER &&
 		r->element[0]->integer == -1 && is_text(r->element[1]))
 	{
-		*error = psprintf("wrongtype:%s", r->element[1]->str);
-		return -1;
+		*type = r->element[1]->str;
+		return RL_FLAG_WRONGTYPE;
 	}
-	*error = reply_error_text(call);
-	return -1;
-}
-
-/* ----------------------------------------------------------------
- * Operations over a target's nodes
- * ----------------------------------------------------------------
- */
-static void
-build_call(RLLockOp *op, RLCall *call, RLConn *conn)
-{
-	switch (op->kind)
-	{
-		case RL_OP_ACQUIRE:
-			rl_call_acquire(call, conn, op->names, op->lease_ms, op->fence);
-			break;
-		case RL_OP_EXTEND:
-			rl_call_extend(call, conn, op->names, op->lease_ms);
-			break;
-		case RL_OP_RELEASE:
-			rl_call_release(call, conn, op->names);
-			break;
-		case RL_OP_FORCE:
-			rl_call_force(call, conn, op->names);
-			break;
-		case RL_OP_INSPECT:
-			rl_call_inspect(call, conn, op->names);
-			break;
-	}
-	call->target = op->target;
-	call->key = op->names->key;
-	call->keylen = op->names->keylen;
-}
-
-static void
-count_answer(RLLockOp *op, RLCall *call)
-{
-	if (op->kind == RL_OP_ACQUIRE)
-	{
-		RLAcquireResult r;
-
-		rl_parse_acquire(call, &r);
-		switch (r.outcome)
-		{
-			case RL_ACQ_GRANTED:
-				op->yes++;
-				op->fence_value = r.fence;
-				return;
-			case RL_ACQ_BUSY:
-				op->no++;
-				if (r.pttl > 0 && (op->pttl <= 0 || r.pttl < op->pttl))
-					op->pttl = r.pttl;
-				op->holder_publishes |= r.holder_publishes;
-				return;
-			case RL_ACQ_WRONGTYPE:
-				op->no++;
-				op->wrongtype = r.type;
-				return;
-			case RL_ACQ_FAILED:
-				break;
-		}
-	}
-	else if (op->kind == RL_OP_INSPECT)
-	{
-		if (rl_inspect_reply_valid(call->reply))
-		{
-			op->yes++;
-			return;
-		}
-	}
-	else
-	{
-		char	   *err;
-		int			f = rl_parse_flag(call, &err);
-
-		if (f >= 0)
-		{
-			if (f == 1)
-				op->yes++;
-			else
-				op->no++;
-			return;
-		}
-		if (err != NULL && strncmp(err, "wrongtype:", 10) == 0)
-		{
-			op->no++;
-			op->wrongtype = err + 10;
-			return;
-		}
-	}
-	/* no usable answer from this node */
-	op->failed++;
-	if (op->failure == NULL)
-		op->failure = call;
-	/* an error reply or a lost reply: the script may have run */
-	if (call->sent || call->reply != NULL)
-		op->maybe_ran = true;
-}
-
-/* An op whose nodes are unknown (topology not learnt): all of it failed */
-static void
-fail_unrouted(RLLockOp *op, char *error)
-{
-	RLCall	   *c = palloc0(sizeof(RLCall));
-
-	c->error = error;
-	c->sqlstate = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
-	op->calls = c;
-	op->nodes = op->failed = 1;
-	op->failure = c;
-	op->stride = 1;
-	/* an earlier round of this op may have reached Redis: assume it did */
-	op->maybe_ran = true;
-}
-
-/*
- * Run ops: one call per node of each op's target, all in one round (the
- * sockets are waited on together, so N masters cost the slowest one, not
- * the sum), then count answers per op.  With soft, a Redis failure of any
- * kind (also while learning the topology) is counted in the op, never
- * raised; without it, a topology that cannot be learnt raises.  Interrupts
- * raise either way: hold them where that matters.
- */
-void
-rl_lock_ops_run(RLLockOp *ops, int nops, bool soft)
-{
-	RLCall	   *calls;
-	bool	   *unrouted;
-	RLTarget  **lost_targets;	/* topology not learnt this round... */
-	char	  **lost_errors;	/* ...and why */
-	int			nlost = 0;
-	int			total = 0;
-	int			k = 0;
-	int			i;
-	TimestampTz start;
-
-	for (i = 0; i < nops; i++)
-	{
-		/* WAIT numreplicas rides in the same pipeline, after the acquire */
-		ops[i].stride = (ops[i].kind == RL_OP_ACQUIRE && rl_wait_replicas > 0) ? 2 : 1;
-		total += rl_target_max_nodes(ops[i].target) * ops[i].stride;
-	}
-	calls = palloc0(sizeof(RLCall) * Max(total, 1));
-	unrouted = palloc0(sizeof(bool) * nops);
-	lost_targets = palloc(sizeof(RLTarget *) * nops);
-	lost_errors = palloc(sizeof(char *) * nops);
-
-	start = GetCurrentTimestamp();
-	for (i = 0; i < nops; i++)
-	{
-		RLLockOp   *op = &ops[i];
-		RLConn	   *conns[RL_MAX_NODES];
-		char	   *error;
-		int			j;
-
-		op->nodes = op->yes = op->no = op->failed = 0;
-		op->maybe_ran = op->holder_publishes = false;
-		op->failure = NULL;
-		op->wrongtype = NULL;
-		op->fence_value = op->pttl = 0;
-		op->replicas_short = 0;
-		op->calls = &calls[k];
-		/* a topology that could not be learnt is not asked again this round */
-		for (j = 0; j < nlost && lost_targets[j] != op->target; j++)
-			;
-		if (j < nlost)
-		{
-			fail_unrouted(op, lost_errors[j]);
-			unrouted[i] = true;
-			continue;
-		}
-		if (soft)
-			op->nodes = rl_target_nodes(op->target, op->names->key,
-										op->names->keylen, conns, false, &error);
-		else
-			op->nodes = rl_target_nodes_or_raise(op->target, op->names->key,
-												 op->names->keylen, conns, false);
-		if (op->nodes < 0)
-		{
-			lost_targets[nlost] = op->target;
-			lost_errors[nlost++] = error;
-			fail_unrouted(op, error);
-			unrouted[i] = true;
-			continue;
-		}
-		for (j = 0; j < op->nodes; j++)
-		{
-			build_call(op, &calls[k++], conns[j]);
-			if (op->stride == 2)
-			{
-				char	   *n = psprintf("%d", rl_wait_replicas);
-				char	   *t = psprintf("%d", rl_wait_replicas_timeout_ms);
-				const char *argv[3] = {"WAIT", n, t};
-
-				rl_call_set(&calls[k], conns[j], 3, argv, NULL);
-				calls[k].target = op->target;
-				calls[k].follows = true;
-				calls[k++].extra_ms = rl_wait_replicas_timeout_ms;
-			}
-		}
-	}
-	if (k > 0)
-		rl_script_run(calls, k, RL_RUN_SOFT);
-
-	for (i = 0; i < nops; i++)
-	{
-		RLLockOp   *op = &ops[i];
-		int			j;
-
-		if (unrouted[i])
-			continue;
-		op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
-		for (j = 0; j < op->nodes; j++)
-		{
-			count_answer(op, &op->calls[j * op->stride]);
-			if (op->stride == 2)
-			{
-				RLReply    *w = op->calls[j * 2 + 1].reply;
-
-				if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
-					w->integer < rl_wait_replicas)
-					op->replicas_short++;
-			}
-		}
-	}
-	pfree(unrouted);
-	pfree(lost_targets);
-	pfree(lost_errors);
-}
-
-/*
- * Did an acquire op grant the lock?  A majority said yes and, for Redlock,
- * the lease left after the round trip and a clock-drift allowance
- * (1% of the lease + 2 ms) is still positive.
- */
-bool
-rl_op_granted(RLLockOp *op)
-{
-	if (!RL_OP_YES(op))
-		return false;
-	if (op->target->kind == RL_TOPO_REDLOCK)
-		return op->lease_ms - op->elapsed_ms - (op->lease_ms / 100 + 2) > 0;
-	return true;
+	return RL_FLAG_FAILED;
 }

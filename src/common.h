@@ -1,0 +1,56 @@
+/*-------------------------------------------------------------------------
+ *
+ * common.h
+ *	  The bottom of redis_lock's stack: limits and the wait event every
+ *	  layer shares.  Declarations only.
+ *
+ * Layering, top to bottom; each file calls only into the layers below it,
+ * and each layer's header includes only the header of the layer below:
+ *
+ *	functions.c   SQL-callable functions: argument checks, result shaping
+ *	locktable.c   per-backend table of held locks, reentrancy, transaction
+ *				  and session-exit callbacks, acquire/wait/release logic
+ *	watchdog.c    shared-memory registry of every backend's locks and the
+ *				  background worker that renews and cleans them up
+ *	lockop.c      one lock operation over every node of a target, with the
+ *				  per-node answers counted by majority
+ *	protocol.c    the wire layouts: Lua scripts of each protocol, key and
+ *				  channel names, owner tokens, EVALSHA with NOSCRIPT
+ *				  recovery, reply decoding
+ *	topology.c    where a key lives: single node, Redlock masters, Sentinel,
+ *				  Cluster slot map
+ *	transport.c   hiredis connections: non-blocking connect, handshake,
+ *				  pipelined round trips and pub/sub, all waits on the latch
+ *	settings.c    GUCs, parsing of redis_lock.url, durations for messages
+ *	stats.c       the counters of redis_lock_stats()
+ *
+ * module.c, the entry point, sits above them all.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_COMMON_H
+#define RL_COMMON_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "pgstat.h"
+#include "utils/timestamp.h"
+
+/* Longest lock name accepted, in bytes (API.md) */
+#define RL_MAX_NAME_LEN		512
+/* Longest key_prefix accepted, in bytes */
+#define RL_MAX_PREFIX_LEN	256
+/* Largest Redis key we build: prefix + name */
+#define RL_MAX_KEY_LEN		(RL_MAX_PREFIX_LEN + RL_MAX_NAME_LEN)
+/* Owner identity: simple = 32 hex chars; redisson = "<uuid>:<pid>" */
+#define RL_OWNER_LEN		64
+/* Most Redis servers one lock lives on (Redlock masters) */
+#define RL_MAX_NODES		16
+/* Largest lease or wait, in milliseconds (fits a signed 32-bit int) */
+#define RL_MAX_MS			((int64) PG_INT32_MAX)
+
+/* The wait event shown in pg_stat_activity while we wait on Redis */
+#define RL_WAIT_EVENT		PG_WAIT_EXTENSION
+
+#endif							/* RL_COMMON_H */

@@ -1,0 +1,293 @@
+/*-------------------------------------------------------------------------
+ *
+ * lockop.c
+ *	  Owns lock operations over a target's nodes: one script call per node
+ *	  the target puts the key on (one, or every Redlock master), all sent in
+ *	  one round trip, and the answers counted into one decision by majority
+ *	  (yes >= quorum, or no > nodes - quorum).  Also what a failed call
+ *	  means: not run, or an outcome nobody knows.
+ *
+ *	  Must not: build scripts or names (protocol.c does), keep state about
+ *	  held locks (locktable.c does), raise for a node's failure in soft mode.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "lockop.h"
+
+#include <hiredis/hiredis.h>
+
+#include "utils/memutils.h"
+
+/* ----------------------------------------------------------------
+ * Operations over a target's nodes
+ * ----------------------------------------------------------------
+ */
+static void
+build_call(RLLockOp *op, RLCall *call, RLConn *conn)
+{
+	switch (op->kind)
+	{
+		case RL_OP_ACQUIRE:
+			rl_call_acquire(call, conn, op->names, op->lease_ms, op->fence);
+			break;
+		case RL_OP_EXTEND:
+			rl_call_extend(call, conn, op->names, op->lease_ms);
+			break;
+		case RL_OP_RELEASE:
+			rl_call_release(call, conn, op->names);
+			break;
+		case RL_OP_FORCE:
+			rl_call_force(call, conn, op->names);
+			break;
+		case RL_OP_INSPECT:
+			rl_call_inspect(call, conn, op->names);
+			break;
+	}
+	call->target = op->target;
+	call->key = op->names->key;
+	call->keylen = op->names->keylen;
+}
+
+static void
+count_answer(RLLockOp *op, RLCall *call)
+{
+	if (op->kind == RL_OP_ACQUIRE)
+	{
+		RLAcquireResult r;
+
+		rl_parse_acquire(call, &r);
+		switch (r.outcome)
+		{
+			case RL_ACQ_GRANTED:
+				op->yes++;
+				op->fence_value = r.fence;
+				return;
+			case RL_ACQ_BUSY:
+				op->no++;
+				if (r.pttl > 0 && (op->pttl <= 0 || r.pttl < op->pttl))
+					op->pttl = r.pttl;
+				op->holder_publishes |= r.holder_publishes;
+				return;
+			case RL_ACQ_WRONGTYPE:
+				op->no++;
+				op->wrongtype = r.type;
+				return;
+			case RL_ACQ_FAILED:
+				break;
+		}
+	}
+	else if (op->kind == RL_OP_INSPECT)
+	{
+		if (rl_inspect_reply_valid(call->reply))
+		{
+			op->yes++;
+			return;
+		}
+	}
+	else
+	{
+		char	   *type;
+
+		switch (rl_parse_flag(call, &type))
+		{
+			case RL_FLAG_YES:
+				op->yes++;
+				return;
+			case RL_FLAG_NO:
+				op->no++;
+				return;
+			case RL_FLAG_WRONGTYPE:
+				op->no++;
+				op->wrongtype = type;
+				return;
+			case RL_FLAG_FAILED:
+				break;
+		}
+	}
+	/* no usable answer from this node */
+	op->failed++;
+	if (op->failure == NULL)
+		op->failure = call;
+	/* an error reply or a lost reply: the script may have run */
+	if (call->sent || call->reply != NULL)
+		op->maybe_ran = true;
+}
+
+/* An op whose nodes are unknown (topology not learnt): all of it failed */
+static void
+fail_unrouted(RLLockOp *op, char *error)
+{
+	RLCall	   *c = palloc0(sizeof(RLCall));
+
+	c->key = op->names->key;
+	c->keylen = op->names->keylen;
+	rl_call_fail(c, RL_FAIL_ROUTE, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+				 error);
+	op->calls = c;
+	op->nodes = op->failed = 1;
+	op->failure = c;
+	op->stride = 1;
+	/* an earlier round of this op may have reached Redis: assume it did */
+	op->maybe_ran = true;
+}
+
+/* WAIT numreplicas after a node's acquire, in the same pipeline */
+static void
+add_wait_call(RLCall *call, RLConn *conn, RLTarget *target)
+{
+	char	   *n = psprintf("%d", rl_wait_replicas);
+	char	   *t = psprintf("%d", rl_wait_replicas_timeout_ms);
+	const char *argv[3] = {"WAIT", n, t};
+
+	rl_call_set(call, conn, 3, argv, NULL);
+	call->target = target;
+	call->follows = true;
+	call->extra_ms = rl_wait_replicas_timeout_ms;
+}
+
+static void
+reset_op(RLLockOp *op, RLCall *calls)
+{
+	op->nodes = op->yes = op->no = op->failed = 0;
+	op->maybe_ran = op->holder_publishes = false;
+	op->failure = NULL;
+	op->wrongtype = NULL;
+	op->fence_value = op->pttl = 0;
+	op->replicas_short = 0;
+	op->calls = calls;
+}
+
+/*
+ * Build the calls of every op into calls[], one (or two, with WAIT) per
+ * node; returns how many.  An op whose nodes could not be learnt is failed
+ * and marked in unrouted[]; its topology is not asked again this round.
+ */
+static int
+build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrouted)
+{
+	RLTarget  **lost_targets = palloc(sizeof(RLTarget *) * nops);
+	char	  **lost_errors = palloc(sizeof(char *) * nops);
+	int			nlost = 0;
+	int			k = 0;
+	int			i;
+
+	for (i = 0; i < nops; i++)
+	{
+		RLLockOp   *op = &ops[i];
+		RLConn	   *conns[RL_MAX_NODES];
+		char	   *error = NULL;
+		int			j;
+
+		reset_op(op, &calls[k]);
+		for (j = 0; j < nlost && lost_targets[j] != op->target; j++)
+			;
+		if (j < nlost)
+		{
+			fail_unrouted(op, lost_errors[j]);
+			unrouted[i] = true;
+			continue;
+		}
+		if (mode == RL_RUN_SOFT)
+			op->nodes = rl_target_nodes(op->target, op->names->key,
+										op->names->keylen, conns, false, &error);
+		else
+			op->nodes = rl_target_nodes_or_raise(op->target, op->names->key,
+												 op->names->keylen, conns, false);
+		if (op->nodes < 0)
+		{
+			lost_targets[nlost] = op->target;
+			lost_errors[nlost++] = error;
+			fail_unrouted(op, error);
+			unrouted[i] = true;
+			continue;
+		}
+		for (j = 0; j < op->nodes; j++)
+		{
+			build_call(op, &calls[k++], conns[j]);
+			if (op->stride == 2)
+				add_wait_call(&calls[k++], conns[j], op->target);
+		}
+	}
+	pfree(lost_targets);
+	pfree(lost_errors);
+	return k;
+}
+
+/* Count the answers of every routed op */
+static void
+count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start)
+{
+	int			i;
+
+	for (i = 0; i < nops; i++)
+	{
+		RLLockOp   *op = &ops[i];
+		int			j;
+
+		if (unrouted[i])
+			continue;
+		op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
+		for (j = 0; j < op->nodes; j++)
+		{
+			count_answer(op, &op->calls[j * op->stride]);
+			if (op->stride == 2)
+			{
+				RLReply    *w = op->calls[j * 2 + 1].reply;
+
+				if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
+					w->integer < rl_wait_replicas)
+					op->replicas_short++;
+			}
+		}
+	}
+}
+
+/*
+ * Run ops: one call per node of each op's target, all in one round (the
+ * sockets are waited on together, so N masters cost the slowest one, not
+ * the sum), then count answers per op.  In soft mode a Redis failure of any
+ * kind (also while learning the topology) is counted in the op, never
+ * raised; in hard mode a topology that cannot be learnt raises.  Interrupts
+ * raise either way: hold them where that matters.
+ */
+void
+rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode)
+{
+	RLCall	   *calls;
+	bool	   *unrouted;
+	int			total = 0;
+	int			ncalls;
+	int			i;
+	TimestampTz start;
+
+	for (i = 0; i < nops; i++)
+	{
+		/* WAIT numreplicas rides in the same pipeline, after the acquire */
+		ops[i].stride = (ops[i].kind == RL_OP_ACQUIRE && rl_wait_replicas > 0) ? 2 : 1;
+		total += rl_target_max_nodes(ops[i].target) * ops[i].stride;
+	}
+	calls = palloc0(sizeof(RLCall) * Max(total, 1));
+	unrouted = palloc0(sizeof(bool) * nops);
+
+	start = GetCurrentTimestamp();
+	ncalls = build_round(ops, nops, mode, calls, unrouted);
+	if (ncalls > 0)
+		rl_script_run(calls, ncalls, RL_RUN_SOFT);
+	count_round(ops, nops, unrouted, start);
+	pfree(unrouted);
+}
+
+/*
+ * Did an acquire op grant the lock?  A majority said yes and, for Redlock,
+ * the lease left after the round trip and a clock-drift allowance
+ * (1% of the lease + 2 ms) is still positive.
+ */
+bool
+rl_op_granted(RLLockOp *op)
+{
+	if (!RL_OP_YES(op))
+		return false;
+	if (op->target->kind == RL_TOPO_REDLOCK)
+		return op->lease_ms - op->elapsed_ms - (op->lease_ms / 100 + 2) > 0;
+	return true;
+}

@@ -1,0 +1,58 @@
+/*-------------------------------------------------------------------------
+ *
+ * lockop.h
+ *	  One lock operation over every node of a target (lockop.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_LOCKOP_H
+#define RL_LOCKOP_H
+
+#include "protocol.h"
+
+/*
+ * One lock operation on every node its target puts the key on, with the
+ * per-node answers counted.  Decisions go by majority (one node: its
+ * answer): yes >= quorum, or no > nodes - quorum.
+ */
+typedef enum RLOpKind
+{
+	RL_OP_ACQUIRE,
+	RL_OP_EXTEND,				/* also verify and renew */
+	RL_OP_RELEASE,
+	RL_OP_FORCE,
+	RL_OP_INSPECT
+} RLOpKind;
+
+typedef struct RLLockOp
+{
+	/* in */
+	RLOpKind	kind;
+	RLTarget   *target;
+	const RLLockNames *names;
+	int64		lease_ms;
+	bool		fence;			/* acquire: count a fencing token */
+	/* out */
+	int			nodes;
+	int			yes;
+	int			no;
+	int			failed;
+	bool		maybe_ran;		/* a failed call may have reached Redis */
+	RLCall	   *failure;		/* first failed call */
+	RLCall	   *calls;			/* one per node */
+	char	   *wrongtype;		/* some node holds a foreign type */
+	int64		fence_value;
+	int64		pttl;			/* acquire, busy: smallest holder TTL seen */
+	bool		holder_publishes;
+	int64		elapsed_ms;
+	int			stride;			/* calls per node: 2 when WAIT follows */
+	int			replicas_short; /* nodes where WAIT saw too few replicas */
+} RLLockOp;
+
+#define RL_OP_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
+#define RL_OP_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
+
+extern void rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode);
+extern bool rl_op_granted(RLLockOp *op);
+
+#endif							/* RL_LOCKOP_H */

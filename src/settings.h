@@ -1,0 +1,59 @@
+/*-------------------------------------------------------------------------
+ *
+ * settings.h
+ *	  redis_lock.* settings, redis:// URLs and durations in messages
+ *	  (settings.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_SETTINGS_H
+#define RL_SETTINGS_H
+
+#include "stats.h"
+
+typedef enum RLProtocol
+{
+	RL_PROTOCOL_SIMPLE,
+	RL_PROTOCOL_REDISSON
+} RLProtocol;
+
+extern char *rl_url;
+extern char *rl_password;
+extern char *rl_key_prefix;
+extern int	rl_lease_time_ms;
+extern int	rl_wait_timeout_ms;
+extern int	rl_connect_timeout_ms;
+extern int	rl_command_timeout_ms;
+extern int	rl_protocol;
+extern bool rl_verify_on_commit;
+extern int	rl_max_locks;
+extern char *rl_nodes;
+extern char *rl_sentinels;
+extern char *rl_sentinel_master;
+extern bool rl_cluster;
+extern int	rl_wait_replicas;
+extern int	rl_wait_replicas_timeout_ms;
+extern bool rl_sharded_pubsub;
+extern int	rl_node_timeout_ms;
+extern char *rl_sentinel_password;
+
+/* Bumped whenever a setting that changes where or how we connect changes */
+extern uint64 rl_settings_generation;
+
+/* One Redis server address, as parsed from a redis:// URL */
+typedef struct RLEndpoint
+{
+	char		host[256];
+	int			port;
+	int			db;
+	char		user[128];		/* ACL user, "" for none */
+	bool		sentinel;		/* a Sentinel: its own password, no SELECT */
+} RLEndpoint;
+
+extern void rl_define_settings(void);
+extern bool rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg);
+extern char *rl_endpoint_label(const RLEndpoint *ep);
+extern const char *rl_protocol_name(RLProtocol p);
+extern char *rl_format_ms(int64 ms);
+
+#endif							/* RL_SETTINGS_H */

@@ -1,0 +1,110 @@
+/*-------------------------------------------------------------------------
+ *
+ * transport.h
+ *	  Connections to Redis servers, round trips and pub/sub (transport.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_TRANSPORT_H
+#define RL_TRANSPORT_H
+
+#include "settings.h"
+
+/* A Redis reply, copied out of hiredis into palloc'd memory */
+typedef struct RLReply
+{
+	int			type;			/* REDIS_REPLY_* */
+	long long	integer;
+	char	   *str;			/* string, status or error text */
+	size_t		len;
+	size_t		elements;
+	struct RLReply **element;
+} RLReply;
+
+typedef struct RLConn RLConn;
+
+/* Defined by topology.h; a call only carries it for the layer above */
+typedef struct RLTarget RLTarget;
+
+#define RL_MAX_ARGS 12
+
+/*
+ * Why a call got no reply.  Each kind has one fixed message naming the
+ * server (or, for RL_FAIL_ROUTE, the key); the reason -- the operating
+ * system's, hiredis' or Redis' own text -- is kept apart, for a detail.
+ */
+typedef enum RLFailure
+{
+	RL_FAIL_NONE,
+	RL_FAIL_CONNECT,			/* TCP connect failed or timed out */
+	RL_FAIL_PASSWORD,			/* AUTH: wrong user or password */
+	RL_FAIL_NOAUTH,				/* the server wants AUTH we did not send */
+	RL_FAIL_AUTH,				/* AUTH refused otherwise */
+	RL_FAIL_SETUP,				/* SELECT or CLIENT SETNAME refused */
+	RL_FAIL_SEND,				/* could not write */
+	RL_FAIL_RECEIVE,			/* connection lost before the reply */
+	RL_FAIL_TIMEOUT,			/* no reply in time */
+	RL_FAIL_PARSE,				/* a reply that is not RESP, or too large */
+	RL_FAIL_LOCAL,				/* out of memory or sockets here */
+	RL_FAIL_ROUTE				/* no node known for the key */
+} RLFailure;
+
+/*
+ * One command for one connection.  Arguments are borrowed (not copied) until
+ * the round trip ends.  After rl_run, exactly one of reply / error is set.
+ */
+typedef struct RLCall
+{
+	RLConn	   *conn;
+	RLTarget   *target;			/* for redirections; NULL: none */
+	const char *key;			/* the key it is about, to re-route it when
+								 * its node fails; NULL: not re-routed */
+	size_t		keylen;
+	bool		follows;		/* sent again whenever the call before it is
+								 * (WAIT after a script) */
+	bool		asking;			/* send ASKING first (cluster slot migration) */
+	int			extra_ms;		/* the command itself waits this long (WAIT) */
+	int			argc;
+	const char *argv[RL_MAX_ARGS];
+	size_t		argvlen[RL_MAX_ARGS];
+	RLReply    *reply;
+	RLFailure	failure;		/* why there is no reply; RL_FAIL_NONE: there is */
+	char	   *error;			/* the failure's reason; NULL iff no failure */
+	int			sqlstate;		/* ERRCODE_* of that failure */
+	bool		sent;			/* some bytes reached the socket: on failure
+								 * the outcome is unknown, else it is "not run" */
+} RLCall;
+
+/* What a round trip does with a transport failure */
+typedef enum RLRunMode
+{
+	RL_RUN_HARD,				/* the first one is an ERROR */
+	RL_RUN_SOFT					/* each is recorded in its RLCall */
+} RLRunMode;
+
+extern RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber);
+extern const char *rl_conn_label(RLConn *conn);
+extern void rl_use_credentials(const char *password,
+							   const char *sentinel_password);
+extern void rl_use_settings_credentials(void);
+extern void rl_conn_close(RLConn *conn);
+extern void rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
+						const size_t *argvlen);
+extern void rl_call_arg(RLCall *call, const char *arg, size_t len);
+extern void rl_run(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms);
+extern void rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *reason);
+extern char *rl_call_problem(const RLCall *call);
+extern void rl_raise_call_error(RLCall *call) pg_attribute_noreturn();
+extern void rl_close_all(void);
+
+/* pub/sub on a subscriber connection */
+extern void rl_subscribe(RLConn **subs, int n, const char *cmd,
+						 const char *channel, int timeout_ms);
+extern void rl_unsubscribe_async(RLConn **subs, int n, const char *cmd,
+								 const char *channel);
+extern bool rl_wait_for_message(RLConn **subs, int n, const char *channel,
+								long timeout_ms);
+
+extern bool rl_reply_is_error(RLReply *r, const char *prefix);
+
+#endif							/* RL_TRANSPORT_H */

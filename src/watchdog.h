@@ -1,0 +1,50 @@
+/*-------------------------------------------------------------------------
+ *
+ * watchdog.h
+ *	  The shared registry of every backend's locks and the worker that
+ *	  renews and cleans them up (watchdog.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_WATCHDOG_H
+#define RL_WATCHDOG_H
+
+#include "lockop.h"
+
+/* What the shared registry records of one lock, and the view shows */
+typedef struct RLLockState
+{
+	int			pid;
+	Oid			dbid;
+	RLProtocol	protocol;
+	bool		watchdog;
+	bool		lost;
+	int			session_holds;
+	int			xact_holds;
+	int64		fence;
+	int64		lease_ms;
+	TimestampTz acquired_at;
+	TimestampTz last_renewed_at;
+} RLLockState;
+
+/* One row of the redis_lock_locks view */
+typedef struct RLLockInfo
+{
+	RLLockState st;
+	char	   *name;
+	char	   *key;
+} RLLockInfo;
+
+extern bool rl_watchdog_enabled(void);
+extern void rl_watchdog_init(void);
+extern int	rl_registry_add(const char *name, const RLLockNames *names,
+							RLTarget *target, int64 lease_ms);
+extern void rl_registry_update(int slot, const RLLockState *st, const char *owner,
+							   bool refreshed);
+extern void rl_registry_remove(int slot);
+extern void rl_registry_orphan(int slot);
+extern bool rl_registry_lost(int slot);
+extern uint32 rl_registry_lost_events(void);
+extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
+
+#endif							/* RL_WATCHDOG_H */
