@@ -10,7 +10,7 @@ OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 DATA = $(wildcard sql/redis_lock--*.sql)
 PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 
-SHLIB_LINK += -lhiredis
+SHLIB_LINK += -lhiredis -lssl -lcrypto
 PG_CPPFLAGS += -I$(srcdir)/src
 # -Wextra minus -Wunused-parameter: PostgreSQL 15's own headers (fmgr.h, ilist.h)
 # have unused parameters in inline functions.

@@ -8,7 +8,10 @@ SELECT try($$SET redis_lock.url = 'http://example.com'$$);
 SELECT try($$SET redis_lock.url = 'redis://user:secret@127.0.0.1:6379/0'$$);
 SELECT try($$SET redis_lock.url = 'redis://127.0.0.1:99999/0'$$);
 SELECT try($$SET redis_lock.url = 'redis://127.0.0.1:6379/x'$$);
+-- rediss:// is TLS (t/test_tls.py); the other schemes are refused
 SELECT try($$SET redis_lock.url = 'rediss://127.0.0.1:6379/0'$$);
+SELECT try($$SET redis_lock.url = 'rediss://user@[::1]/3'$$);
+SELECT try($$SET redis_lock.tls_verify = 'sometimes'$$);
 SELECT try($$SET redis_lock.url = 'redis://'$$);
 SELECT try($$SET redis_lock.url = 'redis://[::1]:6379/2'$$);
 SELECT try($$SET redis_lock.nodes = 'redis://a:1, nonsense'$$);

@@ -19,8 +19,10 @@
  *				  recovery, reply decoding
  *	topology.c    where a key lives: single node, Redlock masters, Sentinel,
  *				  Cluster slot map
- *	transport.c   hiredis connections: non-blocking connect, handshake,
- *				  pipelined round trips and pub/sub, all waits on the latch
+ *	transport.c   connections to Redis servers: their handshake, pipelined
+ *				  round trips and pub/sub, all waits on the latch
+ *	stream.c      the bytes of one connection: socket, TLS (OpenSSL), the
+ *				  hiredis RESP codec
  *	settings.c    GUCs, parsing of redis_lock.url, durations for messages
  *	stats.c       the counters of redis_lock_stats()
  *

@@ -37,8 +37,19 @@ int			rl_wait_replicas_timeout_ms = 100;
 bool		rl_sharded_pubsub = false;
 int			rl_node_timeout_ms = 100;
 char	   *rl_sentinel_password = NULL;
+char	   *rl_tls_ca_file = NULL;
+char	   *rl_tls_cert_file = NULL;
+char	   *rl_tls_key_file = NULL;
+int			rl_tls_verify = RL_TLS_VERIFY_FULL;
 
 uint64		rl_settings_generation = 1;
+
+static const struct config_enum_entry tls_verify_options[] = {
+	{"full", RL_TLS_VERIFY_FULL, false},
+	{"ca", RL_TLS_VERIFY_CA, false},
+	{"none", RL_TLS_VERIFY_NONE, false},
+	{NULL, 0, false}
+};
 
 static const struct config_enum_entry protocol_options[] = {
 	{"simple", RL_PROTOCOL_SIMPLE, false},
@@ -178,13 +189,12 @@ rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg)
 	else if (strpbrk(url, ",|") != NULL || has_space_or_control(url))
 		/* lists split on these, and target specs on "|" (topology.c) */
 		err = gettext_noop("A URL must not contain spaces, control characters, \",\" or \"|\".");
-	else if (strncmp(url, "rediss://", 9) == 0)
-		err = gettext_noop("TLS (rediss://) is not supported by this build.");
-	else if (strncmp(url, "redis://", 8) != 0)
-		err = gettext_noop("The URL must start with \"redis://\".");
+	else if (strncmp(url, "redis://", 8) != 0 && strncmp(url, "rediss://", 9) != 0)
+		err = gettext_noop("The URL must start with \"redis://\" or \"rediss://\".");
 	else
 	{
-		p = url + 8;
+		ep->tls = url[5] == 's';
+		p = url + (ep->tls ? 9 : 8);
 		err = parse_url_user(&p, ep);
 		if (err == NULL)
 			err = parse_url_host(&p, ep);
@@ -329,6 +339,12 @@ bump_generation(const char *newval, void *extra)
 
 static void
 bump_generation_bool(bool newval, void *extra)
+{
+	rl_settings_generation++;
+}
+
+static void
+bump_generation_enum(int newval, void *extra)
 {
 	rl_settings_generation++;
 }
@@ -509,6 +525,43 @@ rl_define_settings(void)
 							 PGC_USERSET,
 							 0,
 							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("redis_lock.tls_ca_file",
+							   "PEM file of the CAs trusted for rediss:// servers; empty: the system's trust store.",
+							   NULL,
+							   &rl_tls_ca_file,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.tls_cert_file",
+							   "Client certificate (PEM) for mutual TLS.",
+							   NULL,
+							   &rl_tls_cert_file,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, bump_generation, NULL);
+
+	DefineCustomStringVariable("redis_lock.tls_key_file",
+							   "Private key of the client certificate; refused when readable by group or others.",
+							   NULL,
+							   &rl_tls_key_file,
+							   "",
+							   PGC_SUSET,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, bump_generation, NULL);
+
+	DefineCustomEnumVariable("redis_lock.tls_verify",
+							 "How rediss:// servers are verified: full (CA and host name), ca, or none.",
+							 NULL,
+							 &rl_tls_verify,
+							 RL_TLS_VERIFY_FULL,
+							 tls_verify_options,
+							 PGC_SUSET,
+							 GUC_SUPERUSER_ONLY,
+							 NULL, bump_generation_enum, NULL);
 
 #if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("redis_lock");

@@ -36,6 +36,17 @@ extern int	rl_wait_replicas_timeout_ms;
 extern bool rl_sharded_pubsub;
 extern int	rl_node_timeout_ms;
 extern char *rl_sentinel_password;
+extern char *rl_tls_ca_file;
+extern char *rl_tls_cert_file;
+extern char *rl_tls_key_file;
+extern int	rl_tls_verify;
+
+typedef enum RLTlsVerify
+{
+	RL_TLS_VERIFY_FULL,			/* CA chain and the URL's host name or IP */
+	RL_TLS_VERIFY_CA,			/* CA chain only */
+	RL_TLS_VERIFY_NONE			/* encrypt without verifying */
+} RLTlsVerify;
 
 /* Bumped whenever a setting that changes where or how we connect changes */
 extern uint64 rl_settings_generation;
@@ -47,6 +58,7 @@ typedef struct RLEndpoint
 	int			port;
 	int			db;
 	char		user[128];		/* ACL user, "" for none */
+	bool		tls;			/* rediss:// */
 	bool		sentinel;		/* a Sentinel: its own password, no SELECT */
 } RLEndpoint;
 

@@ -272,6 +272,8 @@ discover_master(RLTarget *t, char **error)
 			continue;
 		}
 		ep = t->data;
+		/* a master found through a TLS Sentinel is reached over TLS */
+		ep.tls = ep.tls || t->endpoints[i].tls;
 		if (r->element[0]->len == 0 || r->element[0]->len >= sizeof(ep.host))
 			continue;
 		strlcpy(ep.host, r->element[0]->str, sizeof(ep.host));

@@ -1,18 +1,19 @@
 /*-------------------------------------------------------------------------
  *
  * transport.c
- *	  Owns every hiredis object: connections to Redis servers, their
- *	  handshake (AUTH, SELECT, CLIENT SETNAME), pipelined round trips over
- *	  one or many sockets at once, and pub/sub subscriber connections.
+ *	  Owns connections to Redis servers (each over a stream, stream.c),
+ *	  their handshake (AUTH, SELECT, CLIENT SETNAME), pipelined round trips
+ *	  over one or many sockets at once, and pub/sub subscriber connections.
  *
  *	  Every wait goes through a WaitEventSet on the process latch plus the
  *	  sockets, so query cancel, statement_timeout, backend termination and
  *	  postmaster death end it; every wait has a deadline.  hiredis replies
  *	  are copied into palloc'd RLReply trees before anything can throw, so
- *	  nothing malloc'd by hiredis outlives an ERROR except the cached
- *	  connections themselves, which only rl_conn_close() frees.
+ *	  nothing malloc'd by hiredis or OpenSSL outlives an ERROR except the
+ *	  cached connections' streams, which only rl_conn_close() frees.
  *
- *	  This file knows nothing about locks, scripts or topologies.
+ *	  This file knows nothing about locks, scripts or topologies, nor about
+ *	  sockets or TLS (stream.c does).
  *
  *-------------------------------------------------------------------------
  */
@@ -37,7 +38,7 @@ struct RLConn
 	char	   *secret;			/* the password it authenticates with */
 	char	   *label;			/* "host:port" for messages */
 	bool		subscriber;		/* used only for (S)SUBSCRIBE */
-	redisContext *ctx;			/* NULL while closed */
+	RLStream   *stream;			/* NULL while closed */
 	uint64		generation;		/* settings generation at connect */
 	bool		busy;			/* replies outstanding from a cut-short run */
 	bool		ever_connected;
@@ -230,40 +231,6 @@ wait_sockets(SockWait *sw, long timeout_ms)
  * Replies
  * ----------------------------------------------------------------
  */
-/*
- * hiredis allocates an array reply's element pointers as soon as it reads
- * the header: "*1000000000" alone would make it allocate 8 GB, and freeing
- * that later would take seconds nothing can interrupt.  No reply we ask for
- * comes near RL_MAX_REPLY_ELEMENTS; a larger one is a protocol error.
- */
-#define RL_MAX_REPLY_ELEMENTS	(1 << 20)
-
-static redisReplyObjectFunctions bounded_functions;
-static void *(*hiredis_create_array) (const redisReadTask *task, int elements) = NULL;
-static bool reply_too_large = false;
-
-static void *
-bounded_create_array(const redisReadTask *task, int elements)
-{
-	if (elements > RL_MAX_REPLY_ELEMENTS)
-	{
-		reply_too_large = true;
-		return NULL;			/* hiredis reports it as an error */
-	}
-	return hiredis_create_array(task, elements);
-}
-
-static void
-bound_reply_sizes(redisContext *ctx)
-{
-	if (hiredis_create_array == NULL)
-	{
-		bounded_functions = *ctx->reader->fn;
-		hiredis_create_array = bounded_functions.createArray;
-		bounded_functions.createArray = bounded_create_array;
-	}
-	ctx->reader->fn = &bounded_functions;
-}
 
 static RLReply *
 copy_reply(redisReply *r)
@@ -298,16 +265,8 @@ next_reply(RLConn *conn, RLReply **out, char **errmsg)
 	void	   *raw = NULL;
 
 	*out = NULL;
-	reply_too_large = false;
-	if (redisGetReplyFromReader(conn->ctx, &raw) != REDIS_OK)
-	{
-		if (reply_too_large)
-			*errmsg = psprintf("an array reply has more than %d elements",
-							   RL_MAX_REPLY_ELEMENTS);
-		else
-			*errmsg = pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "protocol error");
+	if (!rl_stream_next_reply(conn->stream, &raw, errmsg))
 		return false;
-	}
 	if (raw == NULL)
 		return true;
 	PG_TRY();
@@ -370,6 +329,7 @@ static bool
 same_endpoint(const RLConn *c, const RLEndpoint *ep, bool subscriber)
 {
 	return c->subscriber == subscriber && c->ep.port == ep->port &&
+		c->ep.tls == ep->tls &&
 		c->ep.db == ep->db && c->ep.sentinel == ep->sentinel &&
 		strcmp(c->ep.host, ep->host) == 0 &&
 		strcmp(c->ep.user, ep->user) == 0;
@@ -393,7 +353,7 @@ rl_conn_for(const RLEndpoint *ep, bool subscriber)
 			continue;
 		if (strcmp(c->secret, secret) == 0)
 			return c;
-		if (c->ctx != NULL && c->generation != rl_settings_generation)
+		if (c->stream != NULL && c->generation != rl_settings_generation)
 			rl_conn_close(c);
 	}
 	old = MemoryContextSwitchTo(TopMemoryContext);
@@ -415,25 +375,18 @@ rl_conn_label(RLConn *conn)
 }
 
 /*
- * The only place a connection is closed and its hiredis memory freed.  The
- * close is abortive (RST, SO_LINGER 0): a graceful one would let the kernel
- * go on retransmitting what we wrote, so a command we gave up on (timed
- * out, say, under packet loss) could still reach Redis seconds later and
- * re-create a lock after its doubt was settled.
+ * The only place a connection is closed.  The close is abortive (see
+ * rl_stream_close): a command we gave up on (timed out, say, under packet
+ * loss) must not reach Redis seconds later and re-create a lock after its
+ * doubt was settled.
  */
 void
 rl_conn_close(RLConn *conn)
 {
-	if (conn->ctx != NULL)
+	if (conn->stream != NULL)
 	{
-		struct linger abort_close = {1, 0};
-
-		if (conn->ctx->fd >= 0)
-			(void) setsockopt(conn->ctx->fd, SOL_SOCKET, SO_LINGER,
-							  &abort_close, sizeof(abort_close));
-		redisFree(conn->ctx);
-		conn->ctx = NULL;
-		ReleaseExternalFD();
+		rl_stream_close(conn->stream);
+		conn->stream = NULL;
 		wes_invalidate();
 	}
 	conn->busy = false;
@@ -457,17 +410,7 @@ rl_close_all(void)
 static bool
 has_unasked_bytes(RLConn *conn)
 {
-	char		c;
-	ssize_t		n;
-
-	if (conn->subscriber)
-		return false;
-	if (conn->ctx->reader->pos < conn->ctx->reader->len)
-		return true;
-	n = recv(conn->ctx->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-	if (n >= 0)
-		return true;			/* data, or the peer closed */
-	return errno != EAGAIN && errno != EWOULDBLOCK;
+	return !conn->subscriber && rl_stream_has_unasked(conn->stream);
 }
 
 static void
@@ -483,13 +426,33 @@ run_fail(RunConn *rc, RLFailure failure, int errcode, char *reason)
 	rl_conn_close(rc->conn);
 }
 
+/* What a stream failure is, as a call failure */
+static RLFailure
+stream_failure(RLStreamFailure f)
+{
+	switch (f)
+	{
+		case RL_STREAM_FAIL_CONNECT:
+			return RL_FAIL_CONNECT;
+		case RL_STREAM_FAIL_TLS:
+			return RL_FAIL_TLS;
+		case RL_STREAM_FAIL_IO:
+		case RL_STREAM_FAIL_EOF:
+			return RL_FAIL_RECEIVE;
+		case RL_STREAM_FAIL_PARSE:
+			return RL_FAIL_PARSE;
+		case RL_STREAM_FAIL_LOCAL:
+			break;
+	}
+	return RL_FAIL_LOCAL;
+}
+
 static void
 append_argv(RunConn *rc, int argc, const char **argv, const size_t *argvlen)
 {
 	if (rc->failed)
 		return;
-	if (redisAppendCommandArgv(rc->conn->ctx, argc, argv, argvlen) != REDIS_OK)
-		run_fail(rc, RL_FAIL_LOCAL, ERRCODE_OUT_OF_MEMORY, pstrdup("out of memory in hiredis"));
+	rl_stream_append(rc->conn->stream, argc, argv, argvlen);
 }
 
 /*
@@ -504,31 +467,18 @@ start_connect(RunConn *rc, TimestampTz now)
 	size_t		argvlen[4];
 	char		buf[64];
 	const char *password;
+	RLStreamFailure failure;
+	char	   *reason;
 
-	if (!AcquireExternalFD())
+	conn->stream = rl_stream_open(&conn->ep, &failure, &reason);
+	if (conn->stream == NULL)
 	{
 		rc->failed = true;
-		rc->failure = RL_FAIL_LOCAL;
+		rc->failure = stream_failure(failure);
 		rc->errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
-		rc->reason = pstrdup("there are too many open files on the local server");
+		rc->reason = reason;
 		return;
 	}
-	conn->ctx = redisConnectNonBlock(conn->ep.host, conn->ep.port);
-	if (conn->ctx == NULL || conn->ctx->err)
-	{
-		char	   *msg = pstrdup(conn->ctx ? conn->ctx->errstr : "out of memory");
-
-		if (conn->ctx != NULL)
-			redisFree(conn->ctx);
-		conn->ctx = NULL;
-		ReleaseExternalFD();
-		rc->failed = true;
-		rc->failure = RL_FAIL_CONNECT;
-		rc->errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
-		rc->reason = msg;
-		return;
-	}
-	bound_reply_sizes(conn->ctx);
 	wes_invalidate();
 	if (conn->ever_connected)
 	{
@@ -684,59 +634,50 @@ drain_replies(RunConn *rc)
 	}
 }
 
-static char *
-io_error_text(RLConn *conn)
-{
-	if (conn->ctx == NULL)
-		return pstrdup("connection closed");
-	if (conn->ctx->err == REDIS_ERR_EOF)
-		return pstrdup("server closed the connection");
-	return pstrdup(conn->ctx->errstr[0] ? conn->ctx->errstr : "I/O error");
-}
-
-/* Bytes queued on the connection and not yet written to its socket */
-static size_t
-unsent_bytes(const RLConn *conn)
-{
-	return sdslen(conn->ctx->obuf);
-}
-
 static bool
 has_unsent(const RLConn *conn)
 {
-	return unsent_bytes(conn) > 0;
+	return rl_stream_has_unsent(conn->stream);
 }
 
-/* Write what the socket takes now; remembers that something went out */
+/*
+ * Write what the socket takes now; remembers that something went out.  A
+ * failure fails the run (the caller may retry it on a fresh connection).
+ */
 static bool
 flush_some(RunConn *rc)
 {
-	size_t		before = unsent_bytes(rc->conn);
-	int			done;
+	bool		progress;
+	RLStreamFailure failure;
+	char	   *reason;
 
-	if (redisBufferWrite(rc->conn->ctx, &done) != REDIS_OK)
+	if (rl_stream_write(rc->conn->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
+	{
+		run_fail(rc, RL_FAIL_SEND, ERRCODE_CONNECTION_FAILURE, reason);
 		return false;
-	if (unsent_bytes(rc->conn) < before)
+	}
+	if (progress)
 		rc->wrote = true;
 	return true;
 }
 
-/* Socket became writable while connecting: did the connect succeed? */
+/* The socket moved while connecting: TCP, then the TLS handshake */
 static void
 finish_connect(RunConn *rc)
 {
-	int			err = 0;
-	socklen_t	len = sizeof(err);
+	RLStreamFailure failure;
+	char	   *reason;
 
-	if (getsockopt(rc->conn->ctx->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-		err = errno;
-	if (err == EINPROGRESS)
-		return;
-	if (err != 0)
+	switch (rl_stream_connect(rc->conn->stream, &failure, &reason))
 	{
-		run_fail(rc, RL_FAIL_CONNECT, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-				 pstrdup(strerror(err)));
-		return;
+		case RL_STREAM_WAIT:
+			return;
+		case RL_STREAM_FAILED:
+			run_fail(rc, stream_failure(failure),
+					 ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, reason);
+			return;
+		case RL_STREAM_DONE:
+			break;
 	}
 	rc->connecting = false;
 	rc->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), rc->timeout_ms);
@@ -755,6 +696,7 @@ run_done(RunConn *rc)
  */
 static const char *const failure_message[] = {
 	[RL_FAIL_CONNECT] = gettext_noop("could not connect to Redis at %s"),
+	[RL_FAIL_TLS] = gettext_noop("could not establish a TLS connection to Redis at %s"),
 	[RL_FAIL_PASSWORD] = gettext_noop("password authentication failed for Redis at %s"),
 	[RL_FAIL_NOAUTH] = gettext_noop("Redis at %s requires authentication"),
 	[RL_FAIL_AUTH] = gettext_noop("Redis at %s refused authentication"),
@@ -769,6 +711,7 @@ static const char *const failure_message[] = {
 
 static const char *const failure_hint[] = {
 	[RL_FAIL_CONNECT] = gettext_noop("Check redis_lock.url and that Redis is running."),
+	[RL_FAIL_TLS] = gettext_noop("Check redis_lock.tls_ca_file, redis_lock.tls_cert_file, redis_lock.tls_verify and that the port speaks TLS."),
 	[RL_FAIL_PASSWORD] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
 	[RL_FAIL_NOAUTH] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
 	[RL_FAIL_AUTH] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
@@ -843,9 +786,9 @@ queue_run(RunConn *rc, TimestampTz now)
 	rc->connecting = false;
 	rc->failed = false;
 	rc->asked = false;
-	rc->reused = conn->ctx != NULL;
+	rc->reused = conn->stream != NULL;
 	rc->deadline = TimestampTzPlusMilliseconds(now, rc->timeout_ms);
-	if (conn->ctx == NULL)
+	if (conn->stream == NULL)
 		start_connect(rc, now);
 	for (i = 0; i < rc->nsinks; i++)
 	{
@@ -880,16 +823,15 @@ retry_stale(RunConn *rc, TimestampTz now)
 		return false;
 	queue_run(rc, now);
 	rc->reused = false;
-	if (!rc->failed && !rc->connecting && !flush_some(rc))
-		run_fail(rc, RL_FAIL_SEND, ERRCODE_CONNECTION_FAILURE, io_error_text(rc->conn));
+	if (!rc->failed && !rc->connecting)
+		(void) flush_some(rc);
 	return true;
 }
 
-/* A write failed: fail the run, or retry it once on a fresh connection */
+/* A write failed the run: retry it once on a fresh connection if it may */
 static void
 fail_write(RunConn *rc, TimestampTz now)
 {
-	run_fail(rc, RL_FAIL_SEND, ERRCODE_CONNECTION_FAILURE, io_error_text(rc->conn));
 	retry_stale(rc, now);
 }
 
@@ -1034,9 +976,9 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 		 * A connection left mid-reply, set up with old settings, or holding
 		 * bytes nobody asked for (they would be taken for the next reply)
 		 */
-		if (conn->ctx != NULL &&
+		if (conn->stream != NULL &&
 			(conn->busy || conn->generation != rl_settings_generation ||
-			 conn->ctx->err || has_unasked_bytes(conn)))
+			 (!conn->subscriber && has_unsent(conn)) || has_unasked_bytes(conn)))
 			rl_conn_close(conn);
 		queue_run(rc, now);
 		if (!rc->failed && !rc->connecting && !flush_some(rc))
@@ -1058,7 +1000,6 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 	for (i = 0; i < nruns; i++)
 	{
 		RunConn    *rc = &runs[i];
-		uint32		ev;
 
 		if (run_done(rc))
 		{
@@ -1068,14 +1009,19 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 			 * of a new epoll instance every time one of several masters
 			 * answers.
 			 */
-			if (!rc->failed && rc->conn->ctx != NULL && sw->nsock < RL_WES_MAXSOCK)
-				sock_add(sw, rc->conn->ctx->fd, WL_SOCKET_READABLE, i);
+			if (!rc->failed && rc->conn->stream != NULL && sw->nsock < RL_WES_MAXSOCK)
+				sock_add(sw, rl_stream_socket(rc->conn->stream), WL_SOCKET_READABLE, i);
 			continue;
 		}
 		if (rc->connecting && now >= rc->connect_deadline)
 		{
-			run_fail(rc, RL_FAIL_CONNECT, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-					 psprintf("timed out after %s", rl_format_ms(rl_connect_timeout_ms)));
+			if (rl_stream_in_handshake(rc->conn->stream))
+				run_fail(rc, RL_FAIL_TLS, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+						 psprintf("TLS handshake timed out after %s",
+								  rl_format_ms(rl_connect_timeout_ms)));
+			else
+				run_fail(rc, RL_FAIL_CONNECT, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+						 psprintf("timed out after %s", rl_format_ms(rl_connect_timeout_ms)));
 			continue;
 		}
 		if (!rc->connecting && now >= rc->deadline)
@@ -1084,11 +1030,8 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 					 psprintf("no reply within %s", rl_format_ms(rc->timeout_ms)));
 			continue;
 		}
-		if (rc->connecting)
-			ev = WL_SOCKET_CONNECTED;
-		else
-			ev = WL_SOCKET_READABLE | (has_unsent(rc->conn) ? WL_SOCKET_WRITEABLE : 0);
-		sock_add(sw, rc->conn->ctx->fd, ev, i);
+		sock_add(sw, rl_stream_socket(rc->conn->stream),
+				 rl_stream_events(rc->conn->stream), i);
 		npending++;
 	}
 	return npending;
@@ -1116,6 +1059,8 @@ next_deadline_ms(RunConn *runs, const SockWait *sw, TimestampTz now)
 static void
 serve_ready(RunConn *runs, const SockWait *sw, TimestampTz now)
 {
+	RLStreamFailure failure;
+	char	   *reason;
 	int			i;
 
 	for (i = 0; i < sw->nready; i++)
@@ -1141,16 +1086,16 @@ serve_ready(RunConn *runs, const SockWait *sw, TimestampTz now)
 			fail_write(rc, now);
 			continue;
 		}
-		if (!(sw->ready_ev[i] & WL_SOCKET_READABLE))
+		/* TLS may need to read to go on writing: read on any event */
+		if (!(sw->ready_ev[i] & WL_SOCKET_READABLE) && !rl_stream_is_tls(rc->conn->stream))
 			continue;
-		if (redisBufferRead(rc->conn->ctx) != REDIS_OK)
+		if (rl_stream_read(rc->conn->stream, &failure, &reason) == RL_STREAM_FAILED)
 		{
 			/* hand out what arrived before the failure */
 			drain_replies(rc);
 			if (!run_done(rc))
 			{
-				run_fail(rc, RL_FAIL_RECEIVE, ERRCODE_CONNECTION_FAILURE,
-						 io_error_text(rc->conn));
+				run_fail(rc, stream_failure(failure), ERRCODE_CONNECTION_FAILURE, reason);
 				retry_stale(rc, now);
 			}
 			continue;
@@ -1298,12 +1243,14 @@ rl_unsubscribe_async(RLConn **subs, int n, const char *cmd, const char *channel)
 		RLConn	   *c = subs[i];
 		const char *argv[2] = {cmd, channel};
 		size_t		argvlen[2] = {strlen(cmd), strlen(channel)};
-		int			done;
+		bool		progress;
+		RLStreamFailure failure;
+		char	   *reason;
 
-		if (c->ctx == NULL)
+		if (c->stream == NULL)
 			continue;
-		if (redisAppendCommandArgv(c->ctx, 2, argv, argvlen) != REDIS_OK ||
-			redisBufferWrite(c->ctx, &done) != REDIS_OK)
+		rl_stream_append(c->stream, 2, argv, argvlen);
+		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
 			rl_conn_close(c);
 	}
 }
@@ -1351,7 +1298,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 			RLReply    *r;
 			char	   *err;
 
-			if (c->ctx == NULL)
+			if (c->stream == NULL)
 				continue;
 			for (;;)
 			{
@@ -1375,12 +1322,10 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 		sw.nsock = 0;
 		for (i = 0; i < n; i++)
 		{
-			if (subs[i]->ctx == NULL)
+			if (subs[i]->stream == NULL)
 				continue;
-			sock_add(&sw, subs[i]->ctx->fd,
-					 has_unsent(subs[i]) ?
-					 WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE,
-					 i);
+			sock_add(&sw, rl_stream_socket(subs[i]->stream),
+					 rl_stream_events(subs[i]->stream), i);
 		}
 		wait_ms = (long) ((deadline - now + 999) / 1000);
 		if (sw.nsock == 0)
@@ -1405,18 +1350,16 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 		for (i = 0; i < sw.nready; i++)
 		{
 			RLConn	   *c = subs[sw.ready[i]];
-			int			done;
+			bool		progress;
+			RLStreamFailure failure;
+			char	   *reason;
 
-			if (c->ctx == NULL)
+			if (c->stream == NULL)
 				continue;
-			if (has_unsent(c) &&
-				redisBufferWrite(c->ctx, &done) != REDIS_OK)
-			{
-				rl_conn_close(c);
-				return true;
-			}
-			if ((sw.ready_ev[i] & WL_SOCKET_READABLE) &&
-				redisBufferRead(c->ctx) != REDIS_OK)
+			if ((has_unsent(c) &&
+				 rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED) ||
+				(((sw.ready_ev[i] & WL_SOCKET_READABLE) || rl_stream_is_tls(c->stream)) &&
+				 rl_stream_read(c->stream, &failure, &reason) == RL_STREAM_FAILED))
 			{
 				rl_conn_close(c);
 				return true;

@@ -8,7 +8,7 @@
 #ifndef RL_TRANSPORT_H
 #define RL_TRANSPORT_H
 
-#include "settings.h"
+#include "stream.h"
 
 /* A Redis reply, copied out of hiredis into palloc'd memory */
 typedef struct RLReply
@@ -37,6 +37,7 @@ typedef enum RLFailure
 {
 	RL_FAIL_NONE,
 	RL_FAIL_CONNECT,			/* TCP connect failed or timed out */
+	RL_FAIL_TLS,				/* TLS handshake or certificate refused */
 	RL_FAIL_PASSWORD,			/* AUTH: wrong user or password */
 	RL_FAIL_NOAUTH,				/* the server wants AUTH we did not send */
 	RL_FAIL_AUTH,				/* AUTH refused otherwise */

@@ -108,15 +108,20 @@ class JavaPeer:
     belong to threads); send() returns at once, result() waits for the
     answer: (value, epoch seconds at which the op finished in the JVM)."""
 
-    def __init__(self, ports, line="4", mode="single", watchdog_ms=30000):
+    def __init__(self, ports, line="4", mode="single", watchdog_ms=30000, truststore=None):
         """mode: single, cluster (ports: seed nodes) or replicated (ports:
-        the master, then its replicas)."""
+        the master, then its replicas).  truststore: a PKCS#12 file of
+        trusted CAs (password "changeit"): Redisson then speaks rediss://."""
         self.line = line
         out = build_java_peer(line)
         cp = os.path.join(out, "classes") + ":" + os.path.join(out, "lib", "*")
+        jvm = (["-Djavax.net.ssl.trustStore=" + truststore,
+                "-Djavax.net.ssl.trustStorePassword=changeit",
+                "-Djavax.net.ssl.trustStoreType=PKCS12"] if truststore else [])
         self.proc = subprocess.Popen(
-            ["java", "-cp", cp, "peer.Peer", mode,
-             ",".join(str(p) for p in ports), str(watchdog_ms)],
+            ["java"] + jvm + ["-cp", cp, "peer.Peer", mode,
+                              ",".join(str(p) for p in ports), str(watchdog_ms)]
+            + (["rediss"] if truststore else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1)
         self.next_id = 0

@@ -10,6 +10,7 @@ Library use (pytest fixtures in conftest.py) or command line:
     python3 t/testbed.py down DIR
 """
 import atexit
+import datetime
 import os
 import pwd
 import shutil
@@ -446,3 +447,143 @@ def _cli(argv):
 
 if __name__ == "__main__":
     _cli(sys.argv)
+
+
+# ---------------------------------------------------------------- TLS
+
+class PKI:
+    """A throw-away CA and certificates (python3-cryptography) in a folder
+    the PostgreSQL server can read: ca.pem, and for each make() NAME.pem and
+    NAME.key (mode 0600, owned by the server's user)."""
+
+    def __init__(self, name="rl-test-ca"):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+        self._x509, self._hashes, self._ec, self._oid = x509, hashes, ec, NameOID
+        self.dir = tempfile.mkdtemp(prefix="rl-pki-")
+        self.ca_key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.ca_cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+                        .public_key(self.ca_key.public_key())
+                        .serial_number(x509.random_serial_number())
+                        .not_valid_before(now - datetime.timedelta(days=1))
+                        .not_valid_after(now + datetime.timedelta(days=30))
+                        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+                        .sign(self.ca_key, hashes.SHA256()))
+        self.ca = self._write("ca.pem", self._pem(self.ca_cert))
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(RLTEST_USER)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+
+    def _pem(self, obj):
+        from cryptography.hazmat.primitives import serialization
+        if hasattr(obj, "private_bytes"):
+            return obj.private_bytes(serialization.Encoding.PEM,
+                                     serialization.PrivateFormat.TraditionalOpenSSL,
+                                     serialization.NoEncryption())
+        return obj.public_bytes(serialization.Encoding.PEM)
+
+    def _write(self, name, data, mode=0o644):
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, mode)
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(RLTEST_USER)
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+        return path
+
+    def make(self, name, dns=("localhost",), ips=("127.0.0.1",), expired=False, client=False):
+        """Certificate NAME signed by this CA; returns (cert path, key path)."""
+        import ipaddress
+        x509, NameOID = self._x509, self._oid
+        key = self._ec.generate_private_key(self._ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        start, end = ((now - datetime.timedelta(days=10), now - datetime.timedelta(days=1))
+                      if expired else (now - datetime.timedelta(days=1),
+                                       now + datetime.timedelta(days=30)))
+        alt = [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address(i))
+                                                 for i in ips]
+        b = (x509.CertificateBuilder()
+             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+             .issuer_name(self.ca_cert.subject).public_key(key.public_key())
+             .serial_number(x509.random_serial_number())
+             .not_valid_before(start).not_valid_after(end))
+        if alt and not client:
+            b = b.add_extension(x509.SubjectAlternativeName(alt), False)
+        cert = b.sign(self.ca_key, self._hashes.SHA256())
+        return (self._write(name + ".pem", self._pem(cert)),
+                self._write(name + ".key", self._pem(key), 0o600))
+
+    def truststore(self):
+        """The CA as a PKCS#12 trust store for a JVM (password "changeit")."""
+        path = os.path.join(self.dir, "truststore.p12")
+        if not os.path.exists(path):
+            subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "ca",
+                            "-file", self.ca, "-keystore", path, "-storetype", "PKCS12",
+                            "-storepass", "changeit"], check=True, timeout=60,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return path
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TLSSentinel(Sentinel):
+    """A redis-sentinel that speaks only TLS, to clients and to the master."""
+
+    def __init__(self, pki, master_port, **kw):
+        super().__init__(master_port, **kw)
+        cert, key = pki.make("sentinel-%d" % self.port)
+        self.pki = pki
+        with open(self.conf, "a") as f:
+            f.write("port 0\ntls-port %d\ntls-cert-file %s\ntls-key-file %s\n"
+                    "tls-ca-cert-file %s\ntls-auth-clients no\ntls-replication yes\n"
+                    % (self.port, cert, key, pki.ca))
+
+    def client(self, **kw):
+        kw.setdefault("socket_timeout", 5)
+        return redis.Redis(host="127.0.0.1", port=self.port, ssl=True,
+                           ssl_ca_certs=self.pki.ca, **kw)
+
+    @property
+    def url(self):
+        return "rediss://127.0.0.1:%d" % self.port
+
+
+class TLSRedis(Redis):
+    """A redis-server that speaks only TLS (no plain port)."""
+
+    def __init__(self, pki, cert, key, auth_clients="no", client_verifies=True, **kw):
+        """client_verifies=False: client() does not check the server's
+        certificate (for a server whose certificate is meant to fail)."""
+        super().__init__(**kw)
+        self.pki = pki
+        self.client_verifies = client_verifies
+        self.args += ["--tls-port", str(self.port), "--tls-cert-file", cert,
+                      "--tls-key-file", key, "--tls-ca-cert-file", pki.ca,
+                      "--tls-auth-clients", auth_clients]
+        self.client_cert = pki.make("redis-py-client", client=True) \
+            if auth_clients != "no" else None
+
+    def start(self, timeout=10):
+        # the plain port is off: --port 0 comes after start()'s --port
+        self.args += ["--port", "0"]
+        return super().start(timeout)
+
+    def client(self, **kw):
+        kw.setdefault("socket_timeout", 5)
+        if self.client_cert:
+            kw.setdefault("ssl_certfile", self.client_cert[0])
+            kw.setdefault("ssl_keyfile", self.client_cert[1])
+        if not self.client_verifies:
+            kw.setdefault("ssl_cert_reqs", "none")
+        return redis.Redis(host="127.0.0.1", port=self.port, ssl=True,
+                           ssl_ca_certs=self.pki.ca, **kw)
+
+    @property
+    def url(self):
+        return "rediss://127.0.0.1:%d/0" % self.port

@@ -7,6 +7,9 @@
  *   java -cp ... peer.Peer cluster PORT[,PORT...] WATCHDOG_MS
  *   java -cp ... peer.Peer replicated MASTER_PORT,REPLICA_PORT... WATCHDOG_MS
  *
+ * A fourth argument "rediss" makes Redisson speak TLS (trust store from the
+ * JVM's javax.net.ssl.trustStore).
+ *
  * Redisson's locks belong to a thread, so every command names a thread of
  * the peer ("a", "b", ...): it runs on that thread, in order, and a command
  * that blocks (lock) blocks only that thread.  Answers can therefore come
@@ -59,6 +62,7 @@ public final class Peer {
         String mode = args[0];
         String[] ports = args[1].split(",");
         long watchdogMs = Long.parseLong(args[2]);
+        String scheme = (args.length > 3 ? args[3] : "redis") + "://127.0.0.1:";
 
         // README: redisson-config
         Config config = new Config();
@@ -66,18 +70,18 @@ public final class Peer {
         if (mode.equals("cluster")) {
             var cluster = config.useClusterServers();
             for (String port : ports)
-                cluster.addNodeAddress("redis://127.0.0.1:" + port);
+                cluster.addNodeAddress(scheme + port);
         } else if (mode.equals("replicated")) {
             /* a master and its replicas: Redisson follows lock scripts with WAIT */
-            var ms = config.useMasterSlaveServers().setMasterAddress("redis://127.0.0.1:" + ports[0]);
+            var ms = config.useMasterSlaveServers().setMasterAddress(scheme + ports[0]);
             for (int i = 1; i < ports.length; i++)
-                ms.addSlaveAddress("redis://127.0.0.1:" + ports[i]);
+                ms.addSlaveAddress(scheme + ports[i]);
         } else {
-            config.useSingleServer().setAddress("redis://127.0.0.1:" + ports[0]);
+            config.useSingleServer().setAddress(scheme + ports[0]);
         }
         RedissonClient redisson = Redisson.create(config);
         // README: end
-        JedisPool jedis = new JedisPool("127.0.0.1", Integer.parseInt(ports[0]));
+        JedisPool jedis = new JedisPool("127.0.0.1", Integer.parseInt(ports[0]), scheme.startsWith("rediss"));
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         new Peer(redisson, jedis, out).serve();
     }

@@ -1,0 +1,717 @@
+/*-------------------------------------------------------------------------
+ *
+ * stream.c
+ *	  Owns the bytes between this process and one Redis server: the socket
+ *	  (non-blocking TCP connect, abortive close), TLS over it with OpenSSL
+ *	  (the settings' CA, client certificate and verification mode, SNI,
+ *	  TLS 1.2 or later), the queue of formatted commands not yet written,
+ *	  and the hiredis reply reader the received bytes are fed to.  hiredis
+ *	  is used only as a RESP codec: command formatting and its reader.
+ *
+ *	  Nothing here waits: every call does what the socket allows now and
+ *	  says which socket events would let it go on (rl_stream_events); the
+ *	  caller waits on the latch.  Nothing here raises for a failure of the
+ *	  server or the network: failures are returned with their reason
+ *	  (OpenSSL's own text for TLS).  OpenSSL and hiredis objects are malloc'd
+ *	  and live exactly as long as the stream, which only rl_stream_close
+ *	  frees.
+ *
+ *	  Must not: know about commands, replies, locks or topologies.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "stream.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <arpa/inet.h>
+
+#include <hiredis/hiredis.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "miscadmin.h"
+#include "storage/fd.h"
+#include "storage/latch.h"
+#include "utils/memutils.h"
+
+/*
+ * hiredis allocates an array reply's element pointers as soon as it reads
+ * the header: "*1000000000" alone would make it allocate 8 GB, and freeing
+ * that later would take seconds nothing can interrupt.  No reply we ask for
+ * comes near RL_MAX_REPLY_ELEMENTS; a larger one is a protocol error.
+ */
+#define RL_MAX_REPLY_ELEMENTS	(1 << 20)
+
+struct RLStream
+{
+	pgsocket	sock;
+	SSL		   *ssl;			/* NULL: plain TCP */
+	bool		tcp_connected;
+	bool		tls_connected;
+	uint32		tls_wants;		/* WL_SOCKET_* OpenSSL waits for */
+	char		label[300];		/* host:port, for the WARNING of tls_verify=none */
+	redisReader *reader;
+	char	   *out;			/* formatted commands not yet written */
+	size_t		outlen;
+	size_t		outsent;
+	size_t		outcap;
+};
+
+/* ----------------------------------------------------------------
+ * The reply reader: hiredis' own, with array sizes bounded
+ * ----------------------------------------------------------------
+ */
+static redisReplyObjectFunctions bounded_functions;
+static void *(*hiredis_create_array) (const redisReadTask *task, int elements) = NULL;
+static bool reply_too_large = false;
+
+static void *
+bounded_create_array(const redisReadTask *task, int elements)
+{
+	if (elements > RL_MAX_REPLY_ELEMENTS)
+	{
+		reply_too_large = true;
+		return NULL;			/* hiredis reports it as an error */
+	}
+	return hiredis_create_array(task, elements);
+}
+
+static redisReader *
+reader_create(void)
+{
+	redisReader *r = redisReaderCreate();
+
+	if (r == NULL)
+		return NULL;
+	if (hiredis_create_array == NULL)
+	{
+		bounded_functions = *r->fn;
+		hiredis_create_array = bounded_functions.createArray;
+		bounded_functions.createArray = bounded_create_array;
+	}
+	r->fn = &bounded_functions;
+	return r;
+}
+
+/* Bytes received and not yet taken as replies */
+static bool
+reader_has_bytes(const redisReader *r)
+{
+	return r->pos < r->len;
+}
+
+/* ----------------------------------------------------------------
+ * TLS context, built from the settings and kept until they change
+ * ----------------------------------------------------------------
+ */
+static SSL_CTX *tls_ctx = NULL;
+static uint64 tls_ctx_generation = 0;
+
+/*
+ * OpenSSL's reason for the last failure; for a failed handshake that
+ * verified the server, the certificate check's reason first.
+ */
+static char *
+tls_reason(SSL *ssl, const char *what)
+{
+	unsigned long e = ERR_get_error();
+	const char *reason = e != 0 ? ERR_reason_error_string(e) : NULL;
+	long		verify = X509_V_OK;
+
+	if (ssl != NULL && !SSL_is_init_finished(ssl) && rl_tls_verify != RL_TLS_VERIFY_NONE)
+		verify = SSL_get_verify_result(ssl);
+
+	ERR_clear_error();
+	if (verify != X509_V_OK)
+		return psprintf("%s: certificate verify failed: %s", what,
+						X509_verify_cert_error_string(verify));
+	if (reason != NULL)
+		return psprintf("%s: %s", what, reason);
+	if (e != 0)
+		return psprintf("%s: OpenSSL error %lu", what, e);
+	return psprintf("%s: %s", what, errno != 0 ? strerror(errno) : "connection closed");
+}
+
+/* libpq's rule: a private key readable by group or others is refused */
+static char *
+check_key_file(const char *path)
+{
+	struct stat st;
+
+	if (stat(path, &st) != 0)
+		return psprintf("could not access private key file \"%s\": %s", path, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return psprintf("private key file \"%s\" is not a regular file", path);
+	/* root-owned keys may be group-readable (/etc/ssl/private, ssl-cert) */
+	if (st.st_uid == 0 ? (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)) :
+		(st.st_mode & (S_IRWXG | S_IRWXO)))
+		return psprintf("private key file \"%s\" is readable by group or others", path);
+	return NULL;
+}
+
+static int
+no_passphrase(char *buf, int size, int rwflag, void *userdata)
+{
+	return -1;
+}
+
+static SSL_CTX *
+tls_context(char **reason)
+{
+	SSL_CTX    *ctx;
+
+	if (tls_ctx != NULL && tls_ctx_generation == rl_settings_generation)
+		return tls_ctx;
+	if (tls_ctx != NULL)
+		SSL_CTX_free(tls_ctx);
+	tls_ctx = NULL;
+	ERR_clear_error();
+	ctx = SSL_CTX_new(TLS_client_method());
+	if (ctx == NULL)
+	{
+		*reason = tls_reason(NULL, "could not create a TLS context");
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+	/* an encrypted key must fail, not prompt on the postmaster's terminal */
+	SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
+	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
+					 SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	if (rl_tls_ca_file != NULL && rl_tls_ca_file[0] != '\0')
+	{
+		if (SSL_CTX_load_verify_locations(ctx, rl_tls_ca_file, NULL) != 1)
+		{
+			*reason = tls_reason(NULL, psprintf("could not load CA file \"%s\"", rl_tls_ca_file));
+			SSL_CTX_free(ctx);
+			return NULL;
+		}
+	}
+	else if (SSL_CTX_set_default_verify_paths(ctx) != 1)
+	{
+		*reason = tls_reason(NULL, "could not load the system's trusted CAs");
+		SSL_CTX_free(ctx);
+		return NULL;
+	}
+	if (rl_tls_cert_file != NULL && rl_tls_cert_file[0] != '\0')
+	{
+		const char *key = rl_tls_key_file != NULL && rl_tls_key_file[0] != '\0' ?
+			rl_tls_key_file : rl_tls_cert_file;
+
+		*reason = check_key_file(key);
+		if (*reason != NULL)
+		{
+			SSL_CTX_free(ctx);
+			return NULL;
+		}
+		if (SSL_CTX_use_certificate_chain_file(ctx, rl_tls_cert_file) != 1)
+		{
+			*reason = tls_reason(NULL, psprintf("could not load client certificate \"%s\"",
+												rl_tls_cert_file));
+			SSL_CTX_free(ctx);
+			return NULL;
+		}
+		if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+			SSL_CTX_check_private_key(ctx) != 1)
+		{
+			*reason = tls_reason(NULL, psprintf("could not load private key \"%s\"", key));
+			SSL_CTX_free(ctx);
+			return NULL;
+		}
+	}
+	SSL_CTX_set_verify(ctx, rl_tls_verify == RL_TLS_VERIFY_NONE ?
+					   SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
+	tls_ctx = ctx;
+	tls_ctx_generation = rl_settings_generation;
+	return ctx;
+}
+
+static bool
+is_ip_literal(const char *host)
+{
+	unsigned char buf[sizeof(struct in6_addr)];
+
+	return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* A TLS session over the connected socket, not yet shaken hands */
+static char *
+tls_start(RLStream *s, const RLEndpoint *ep)
+{
+	char	   *reason = NULL;
+	SSL_CTX    *ctx = tls_context(&reason);
+	X509_VERIFY_PARAM *param;
+
+	if (ctx == NULL)
+		return reason;
+	s->ssl = SSL_new(ctx);
+	if (s->ssl == NULL || SSL_set_fd(s->ssl, s->sock) != 1)
+		return tls_reason(NULL, "could not start TLS");
+	SSL_set_connect_state(s->ssl);
+	param = SSL_get0_param(s->ssl);
+	if (!is_ip_literal(ep->host))
+		SSL_set_tlsext_host_name(s->ssl, ep->host);
+	if (rl_tls_verify == RL_TLS_VERIFY_FULL)
+	{
+		X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+		if (is_ip_literal(ep->host) ?
+			X509_VERIFY_PARAM_set1_ip_asc(param, ep->host) != 1 :
+			X509_VERIFY_PARAM_set1_host(param, ep->host, 0) != 1)
+			return tls_reason(NULL, "could not set the host name to verify");
+	}
+	return NULL;
+}
+
+/* ----------------------------------------------------------------
+ * Opening and closing
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Start a non-blocking connect to ep.  The name is resolved here
+ * (getaddrinfo, as hiredis and libpq do).  Returns NULL with *failure and
+ * *reason set when it cannot even start.
+ */
+/* A non-blocking socket connecting to ai, or PGINVALID_SOCKET (errno set) */
+static pgsocket
+start_tcp(const struct addrinfo *ai)
+{
+	pgsocket	sock = socket(ai->ai_family, SOCK_STREAM, 0);
+	int			one = 1;
+
+	if (sock == PGINVALID_SOCKET)
+		return sock;
+	if (!pg_set_noblock(sock) ||
+		setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
+		(connect(sock, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS))
+	{
+		int			save = errno;
+
+		closesocket(sock);
+		errno = save;
+		return PGINVALID_SOCKET;
+	}
+	return sock;
+}
+
+/*
+ * Start a non-blocking connect to ep: IPv4 addresses first, then IPv6 (as
+ * hiredis did), the first that can start.  The name is resolved here
+ * (getaddrinfo, as hiredis and libpq do).  Returns NULL with *failure and
+ * *reason set when it cannot even start.
+ */
+RLStream *
+rl_stream_open(const RLEndpoint *ep, RLStreamFailure *failure, char **reason)
+{
+	static const int families[2] = {AF_INET, AF_INET6};
+	char		port[16];
+	pgsocket	sock = PGINVALID_SOCKET;
+	const char *why = NULL;
+	int			f;
+	RLStream   *s;
+
+	if (!AcquireExternalFD())
+	{
+		*failure = RL_STREAM_FAIL_LOCAL;
+		*reason = pstrdup("there are too many open files on the local server");
+		return NULL;
+	}
+	snprintf(port, sizeof(port), "%d", ep->port);
+	for (f = 0; f < 2 && sock == PGINVALID_SOCKET; f++)
+	{
+		struct addrinfo hints;
+		struct addrinfo *res = NULL;
+		struct addrinfo *ai;
+		int			rc;
+
+		memset(&hints, 0, sizeof(hints));
+		hints.ai_family = families[f];
+		hints.ai_socktype = SOCK_STREAM;
+		rc = getaddrinfo(ep->host, port, &hints, &res);
+		if (rc != 0)
+		{
+			if (why == NULL)
+				why = gai_strerror(rc);
+			continue;
+		}
+		for (ai = res; ai != NULL && sock == PGINVALID_SOCKET; ai = ai->ai_next)
+		{
+			sock = start_tcp(ai);
+			if (sock == PGINVALID_SOCKET)
+				why = strerror(errno);
+		}
+		freeaddrinfo(res);
+	}
+	if (sock == PGINVALID_SOCKET)
+	{
+		ReleaseExternalFD();
+		*failure = RL_STREAM_FAIL_CONNECT;
+		*reason = pstrdup(why ? why : "no address");
+		return NULL;
+	}
+	s = MemoryContextAllocZero(TopMemoryContext, sizeof(RLStream));
+	s->sock = sock;
+	snprintf(s->label, sizeof(s->label), "%s:%d", ep->host, ep->port);
+	s->reader = reader_create();
+	if (s->reader == NULL)
+	{
+		rl_stream_close(s);
+		*failure = RL_STREAM_FAIL_LOCAL;
+		*reason = pstrdup("out of memory in hiredis");
+		return NULL;
+	}
+	if (ep->tls)
+	{
+		char	   *tls_why = tls_start(s, ep);
+
+		if (tls_why != NULL)
+		{
+			rl_stream_close(s);
+			*failure = RL_STREAM_FAIL_TLS;
+			*reason = tls_why;
+			return NULL;
+		}
+	}
+	return s;
+}
+
+/*
+ * Close abortively (RST, SO_LINGER 0): a graceful close would let the
+ * kernel go on retransmitting what we wrote, so a command we gave up on
+ * could still reach Redis seconds later.  No TLS close_notify either, for
+ * the same reason.
+ */
+void
+rl_stream_close(RLStream *s)
+{
+	struct linger abort_close = {1, 0};
+
+	if (s->ssl != NULL)
+		SSL_free(s->ssl);
+	if (s->reader != NULL)
+		redisReaderFree(s->reader);
+	(void) setsockopt(s->sock, SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
+	closesocket(s->sock);
+	ReleaseExternalFD();
+	if (s->out != NULL)
+		pfree(s->out);
+	pfree(s);
+}
+
+pgsocket
+rl_stream_socket(const RLStream *s)
+{
+	return s->sock;
+}
+
+bool
+rl_stream_is_tls(const RLStream *s)
+{
+	return s->ssl != NULL;
+}
+
+/* TCP is up and the TLS handshake is not done yet */
+bool
+rl_stream_in_handshake(const RLStream *s)
+{
+	return s->tcp_connected && s->ssl != NULL && !s->tls_connected;
+}
+
+/* What OpenSSL needs from the socket to go on after an SSL_* call */
+static RLStreamStatus
+tls_would_block(RLStream *s, int ret)
+{
+	switch (SSL_get_error(s->ssl, ret))
+	{
+		case SSL_ERROR_WANT_READ:
+			s->tls_wants = WL_SOCKET_READABLE;
+			return RL_STREAM_WAIT;
+		case SSL_ERROR_WANT_WRITE:
+			s->tls_wants = WL_SOCKET_WRITEABLE;
+			return RL_STREAM_WAIT;
+		default:
+			return RL_STREAM_FAILED;
+	}
+}
+
+/*
+ * Go on connecting: finish TCP, then the TLS handshake.  DONE once the
+ * stream can carry commands.
+ */
+RLStreamStatus
+rl_stream_connect(RLStream *s, RLStreamFailure *failure, char **reason)
+{
+	if (!s->tcp_connected)
+	{
+		int			err = 0;
+		socklen_t	len = sizeof(err);
+		struct sockaddr_storage peer;
+		socklen_t	plen = sizeof(peer);
+
+		if (getsockopt(s->sock, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+			err = errno;
+		if (err == 0 && getpeername(s->sock, (struct sockaddr *) &peer, &plen) != 0)
+			err = errno;
+		if (err == EINPROGRESS)
+			return RL_STREAM_WAIT;
+		if (err != 0)
+		{
+			*failure = RL_STREAM_FAIL_CONNECT;
+			*reason = pstrdup(strerror(err));
+			return RL_STREAM_FAILED;
+		}
+		s->tcp_connected = true;
+	}
+	if (s->ssl != NULL && !s->tls_connected)
+	{
+		int			ret;
+
+		ERR_clear_error();
+		errno = 0;
+		ret = SSL_do_handshake(s->ssl);
+		if (ret != 1)
+		{
+			if (tls_would_block(s, ret) == RL_STREAM_WAIT)
+				return RL_STREAM_WAIT;
+			*failure = RL_STREAM_FAIL_TLS;
+			*reason = tls_reason(s->ssl, "TLS handshake failed");
+			return RL_STREAM_FAILED;
+		}
+		s->tls_connected = true;
+		s->tls_wants = 0;
+		if (rl_tls_verify == RL_TLS_VERIFY_NONE)
+			ereport(WARNING,
+					(errmsg("TLS connection to Redis at %s is not verified", s->label),
+					 errdetail("redis_lock.tls_verify is none: the server's certificate is not checked.")));
+	}
+	return RL_STREAM_DONE;
+}
+
+/* The socket events that would let the stream make progress */
+uint32
+rl_stream_events(const RLStream *s)
+{
+	if (!s->tcp_connected)
+		return WL_SOCKET_CONNECTED;
+	if (s->ssl != NULL && !s->tls_connected)
+		return s->tls_wants ? s->tls_wants : WL_SOCKET_READABLE;
+	/* SSL_write waiting to read first: readable is all it needs */
+	if (s->tls_wants == WL_SOCKET_READABLE)
+		return WL_SOCKET_READABLE;
+	return WL_SOCKET_READABLE |
+		((rl_stream_has_unsent(s) || s->tls_wants == WL_SOCKET_WRITEABLE) ?
+		 WL_SOCKET_WRITEABLE : 0);
+}
+
+/* ----------------------------------------------------------------
+ * Writing
+ * ----------------------------------------------------------------
+ */
+void
+rl_stream_append(RLStream *s, int argc, const char **argv, const size_t *argvlen)
+{
+	char	   *cmd = NULL;
+	int			len = redisFormatCommandArgv(&cmd, argc, argv, argvlen);
+
+	if (len < 0)
+		elog(ERROR, "out of memory formatting a Redis command");
+	if (s->outsent == s->outlen)
+		s->outsent = s->outlen = 0;
+	if (s->outlen + len > s->outcap)
+	{
+		s->outcap = Max(s->outcap * 2, s->outlen + len + 256);
+		s->out = s->out == NULL ?
+			MemoryContextAlloc(TopMemoryContext, s->outcap) :
+			repalloc(s->out, s->outcap);
+	}
+	memcpy(s->out + s->outlen, cmd, len);
+	s->outlen += len;
+	redisFreeCommand(cmd);
+}
+
+bool
+rl_stream_has_unsent(const RLStream *s)
+{
+	return s->outsent < s->outlen;
+}
+
+/*
+ * Write what the socket takes now.  *progress: some bytes went out.  DONE
+ * when nothing is left to write.
+ */
+RLStreamStatus
+rl_stream_write(RLStream *s, bool *progress, RLStreamFailure *failure, char **reason)
+{
+	*progress = false;
+	while (s->outsent < s->outlen)
+	{
+		size_t		n = s->outlen - s->outsent;
+		ssize_t		w;
+
+		if (s->ssl != NULL)
+		{
+			uint64		before = BIO_number_written(SSL_get_wbio(s->ssl));
+
+			ERR_clear_error();
+			errno = 0;
+			w = SSL_write(s->ssl, s->out + s->outsent, (int) Min(n, (size_t) INT_MAX));
+			/* a record can go out even when the call then blocks */
+			if (BIO_number_written(SSL_get_wbio(s->ssl)) != before)
+				*progress = true;
+			if (w <= 0)
+			{
+				if (tls_would_block(s, (int) w) == RL_STREAM_WAIT)
+					return RL_STREAM_WAIT;
+				*failure = RL_STREAM_FAIL_IO;
+				*reason = tls_reason(s->ssl, "TLS write failed");
+				return RL_STREAM_FAILED;
+			}
+			s->tls_wants = 0;
+		}
+		else
+		{
+			w = send(s->sock, s->out + s->outsent, n, MSG_NOSIGNAL);
+			if (w < 0)
+			{
+				if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+					return RL_STREAM_WAIT;
+				*failure = RL_STREAM_FAIL_IO;
+				*reason = pstrdup(strerror(errno));
+				return RL_STREAM_FAILED;
+			}
+		}
+		s->outsent += w;
+		*progress = true;
+	}
+	return RL_STREAM_DONE;
+}
+
+/* ----------------------------------------------------------------
+ * Reading
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Read everything available now (with TLS: until OpenSSL has no decrypted
+ * bytes left, which the socket alone would not show) into the reader.
+ */
+RLStreamStatus
+rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
+{
+	char		buf[16384];
+	int			rounds;
+
+	/*
+	 * At most 256 kB a call, so that a fast sender cannot hold off the
+	 * deadlines; but never leave decrypted bytes inside OpenSSL, where a
+	 * socket wait would not see them.
+	 */
+	for (rounds = 0;; rounds++)
+	{
+		ssize_t		n;
+
+		if (rounds >= 16 && (s->ssl == NULL || SSL_pending(s->ssl) == 0))
+			return RL_STREAM_DONE;
+
+		if (s->ssl != NULL)
+		{
+			ERR_clear_error();
+			errno = 0;
+			n = SSL_read(s->ssl, buf, sizeof(buf));
+			if (n <= 0)
+			{
+				int			e = SSL_get_error(s->ssl, (int) n);
+
+				if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+				{
+					s->tls_wants = e == SSL_ERROR_WANT_WRITE ? WL_SOCKET_WRITEABLE : 0;
+					return RL_STREAM_DONE;
+				}
+				*failure = e == SSL_ERROR_ZERO_RETURN ? RL_STREAM_FAIL_EOF : RL_STREAM_FAIL_IO;
+				*reason = e == SSL_ERROR_ZERO_RETURN ?
+					pstrdup("server closed the connection") :
+					tls_reason(s->ssl, "TLS read failed");
+				return RL_STREAM_FAILED;
+			}
+		}
+		else
+		{
+			n = recv(s->sock, buf, sizeof(buf), 0);
+			if (n < 0)
+			{
+				if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+					return RL_STREAM_DONE;
+				*failure = RL_STREAM_FAIL_IO;
+				*reason = pstrdup(strerror(errno));
+				return RL_STREAM_FAILED;
+			}
+			if (n == 0)
+			{
+				*failure = RL_STREAM_FAIL_EOF;
+				*reason = pstrdup("server closed the connection");
+				return RL_STREAM_FAILED;
+			}
+		}
+		if (redisReaderFeed(s->reader, buf, (size_t) n) != REDIS_OK)
+		{
+			*failure = RL_STREAM_FAIL_LOCAL;
+			*reason = pstrdup("out of memory in hiredis");
+			return RL_STREAM_FAILED;
+		}
+		if ((size_t) n < sizeof(buf) && (s->ssl == NULL || SSL_pending(s->ssl) == 0))
+			return RL_STREAM_DONE;
+	}
+}
+
+/*
+ * The next complete reply from the bytes read so far (a hiredis reply the
+ * caller frees), or *reply NULL when none is complete.  False when the
+ * bytes are not RESP.
+ */
+bool
+rl_stream_next_reply(RLStream *s, void **reply, char **reason)
+{
+	*reply = NULL;
+	reply_too_large = false;
+	if (redisReaderGetReply(s->reader, reply) != REDIS_OK)
+	{
+		*reason = reply_too_large ?
+			psprintf("an array reply has more than %d elements", RL_MAX_REPLY_ELEMENTS) :
+			pstrdup(s->reader->errstr[0] ? s->reader->errstr : "protocol error");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Has an idle stream bytes (or an EOF) nobody asked for?  With TLS the
+ * records waiting are read first: a TLS 1.3 session ticket is not data.
+ */
+bool
+rl_stream_has_unasked(RLStream *s)
+{
+	char		c;
+	ssize_t		n;
+
+	if (reader_has_bytes(s->reader))
+		return true;
+	if (s->ssl != NULL)
+	{
+		RLStreamFailure failure;
+		char	   *reason;
+
+		if (rl_stream_read(s, &failure, &reason) != RL_STREAM_DONE)
+			return true;
+		return reader_has_bytes(s->reader);
+	}
+	n = recv(s->sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n >= 0)
+		return true;			/* data, or the peer closed */
+	return errno != EAGAIN && errno != EWOULDBLOCK;
+}

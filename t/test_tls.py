@@ -1,0 +1,361 @@
+"""rediss://: SQL on a TLS-only Redis (Debian's redis-server with its plain
+port off), with a CA and certificates the test makes (testbed.PKI).
+
+Locks, waits, wake-ups and the watchdog worker over TLS; redis-py over TLS
+sharing a lock with SQL; connections reused (no handshake per call); and
+every failure -- wrong CA, host name mismatch, expired certificate, missing
+client certificate, a readable private key, a plain server behind a
+rediss:// URL, a TLS server behind a redis:// URL, a server that never
+answers the handshake -- ends within connect_timeout with 08001/08006 and
+OpenSSL's reason in the detail, answers query cancel at once, and leaves
+nothing believed held."""
+import os
+import socket
+import threading
+import time
+
+import psycopg2
+import pytest
+
+from checks import report_latency
+from conftest import Session, wait_for_wait_event
+import testbed
+from testbed import TIME_SCALE as S
+
+
+@pytest.fixture(scope="module")
+def pki():
+    p = testbed.PKI()
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tls_redis(pki):
+    r = testbed.TLSRedis(pki, *pki.make("redis-server")).start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_pg(tls_redis, pki):
+    pg = testbed.Postgres(conf={"redis_lock.url": tls_redis.url,
+                                "redis_lock.tls_ca_file": pki.ca,
+                                "redis_lock.connect_timeout": "1s"}
+                          ).init().start().with_extension()
+    yield pg
+    pg.cleanup()
+
+
+@pytest.fixture
+def tsessions(tls_pg, tls_redis):
+    tls_redis.client().flushall()
+    made = []
+
+    def make():
+        s = Session(tls_pg)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def held(s):
+    return s.run("SELECT count(*) FROM redis_lock_held()")
+
+
+# ================================================================ working over TLS
+
+def test_acquire_release_wait_and_wake_up_over_tls(tsessions, tls_redis):
+    a, b, admin = tsessions(), tsessions(), tsessions()
+    rc = tls_redis.client()
+    assert a.run("SELECT redis_lock_acquire('t-job') > 0")
+    assert rc.get("t-job").startswith(b"pgrl:")
+    b.start("SELECT redis_lock_acquire('t-job', wait => '10s') > 0")
+    wait_for_wait_event(admin.conn, b.pid)
+    released = time.monotonic()
+    assert a.run("SELECT redis_lock_release('t-job')") is True
+    b.join()
+    assert b.error is None and b.result is True
+    report_latency("TLS", "SQL release -> SQL waiter", b.finished_at - released)
+    assert b.finished_at - released < 0.05
+    assert b.run("SELECT redis_lock_release('t-job')") is True
+    assert rc.exists("t-job") == 0
+
+
+def test_watchdog_worker_renews_over_tls(tsessions, tls_redis):
+    a = tsessions()
+    rc = tls_redis.client()
+    a.run("SET redis_lock.lease_time = '1500ms'")
+    assert a.run("SELECT redis_lock_acquire('t-long') > 0")
+    renewals, last = 0, rc.pttl("t-long")
+    t_end = time.monotonic() + 4.5
+    while time.monotonic() < t_end:
+        pttl = rc.pttl("t-long")
+        assert pttl > 0
+        renewals += pttl > last + 100
+        last = pttl
+        time.sleep(0.02)
+    assert renewals >= 3
+    assert a.run("SELECT redis_lock_release('t-long')") is True
+
+
+def test_redis_py_over_tls_and_sql_exclude_each_other(tsessions, tls_redis):
+    from redis.lock import Lock
+    a = tsessions()
+    rc = tls_redis.client()
+    lk = Lock(rc, "t-shared", timeout=30)
+    assert lk.acquire(blocking=False)
+    assert a.run("SELECT redis_lock_try_acquire('t-shared')") is False
+    lk.release()
+    assert a.run("SELECT redis_lock_try_acquire('t-shared')") is True
+    assert not lk.acquire(blocking=False)
+    assert a.run("SELECT redis_lock_release('t-shared')") is True
+    assert lk.acquire(blocking=False)
+    lk.release()
+
+
+def test_connections_are_reused_not_handshaken_per_call(tsessions, tls_redis):
+    a = tsessions()
+    rc = tls_redis.client()
+    assert a.run("SELECT redis_lock_acquire('warm') > 0 AND redis_lock_release('warm')")
+    before = rc.info("stats")["total_connections_received"]
+    a.run("SELECT count(*) FROM generate_series(1, 2000) i, "
+          "LATERAL (SELECT redis_lock_acquire('reuse') > 0 AND redis_lock_release('reuse')) x")
+    after = rc.info("stats")["total_connections_received"]
+    assert after - before <= 1, "%d new connections for 2000 cycles" % (after - before)
+
+
+# ================================================================ failures
+
+def expect_failure(s, codes=("08001", "08006"), timeout_s=2.0):
+    t0 = time.monotonic()
+    with pytest.raises(psycopg2.Error) as ei:
+        s.run("SELECT redis_lock_acquire('t-fail')")
+    elapsed = time.monotonic() - t0
+    assert ei.value.pgcode in codes, ei.value
+    assert elapsed < timeout_s * S, "took %.2fs" % elapsed
+    assert held(s) == 0
+    return ei.value.diag
+
+
+def test_wrong_ca(tsessions, tls_redis):
+    other = testbed.PKI("another-ca")
+    try:
+        s = tsessions()
+        s.run("SET redis_lock.tls_ca_file = %s", (other.ca,))
+        d = expect_failure(s, ("08001",))
+        assert d.message_primary.startswith("could not establish a TLS connection to Redis")
+        assert "certificate verify failed" in d.message_detail, d.message_detail
+    finally:
+        other.cleanup()
+
+
+def second_server(pki, name, **certkw):
+    """A TLS server whose certificate SQL is meant to refuse."""
+    return testbed.TLSRedis(pki, *pki.make(name, **certkw), client_verifies=False).start()
+
+
+def test_host_name_mismatch_refused_unless_verify_ca(tsessions, pki):
+    r = second_server(pki, "wrong-name", dns=("wrong.example",), ips=())
+    try:
+        s = tsessions()
+        s.run("SET redis_lock.url = %s", (r.url,))
+        d = expect_failure(s, ("08001",))
+        assert "certificate verify failed" in d.message_detail, d.message_detail
+        assert "mismatch" in d.message_detail, d.message_detail
+        s.run("SET redis_lock.tls_verify = ca")
+        assert s.run("SELECT redis_lock_acquire('t-ca') > 0")
+        assert s.run("SELECT redis_lock_release('t-ca')") is True
+    finally:
+        r.stop()
+
+
+def test_expired_certificate(tsessions, pki):
+    r = second_server(pki, "expired", expired=True)
+    try:
+        s = tsessions()
+        s.run("SET redis_lock.url = %s", (r.url,))
+        d = expect_failure(s, ("08001",))
+        assert "expired" in d.message_detail, d.message_detail
+    finally:
+        r.stop()
+
+
+def test_verify_none_encrypts_and_warns(tsessions, pki):
+    r = second_server(pki, "unverified", dns=("wrong.example",), ips=())
+    try:
+        s = tsessions()
+        s.run("SET redis_lock.url = %s", (r.url,))
+        s.run("SET redis_lock.tls_verify = none")
+        assert s.run("SELECT redis_lock_acquire('t-none') > 0")
+        assert any("is not verified" in n for n in s.conn.notices), s.conn.notices
+        assert s.run("SELECT redis_lock_release('t-none')") is True
+    finally:
+        r.stop()
+
+
+def test_plain_server_behind_a_rediss_url(tsessions, redis_plain):
+    s = tsessions()
+    s.run("SET redis_lock.url = %s", ("rediss://127.0.0.1:%d/0" % redis_plain.port,))
+    d = expect_failure(s, ("08001",))
+    assert d.message_primary.startswith("could not establish a TLS connection to Redis"), (
+        d.message_primary, d.message_detail)
+    # Redis waits for the end of a line that never comes: the handshake times out
+    assert d.message_detail.startswith("TLS handshake"), d.message_detail
+
+
+def test_tls_server_behind_a_redis_url(tsessions, tls_redis):
+    s = tsessions()
+    s.run("SET redis_lock.url = %s", ("redis://127.0.0.1:%d/0" % tls_redis.port,))
+    s.run("SET redis_lock.command_timeout = '1s'")
+    expect_failure(s)
+
+
+@pytest.fixture
+def redis_plain():
+    r = testbed.Redis().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def silent_peer():
+    """Accepts TCP connections and never says a word."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    conns = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conns.append(srv.accept()[0])
+            except socket.timeout:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join(2)
+    for c in conns:
+        c.close()
+    srv.close()
+
+
+def test_silent_peer_ends_within_connect_timeout(tsessions, silent_peer):
+    s = tsessions()
+    s.run("SET redis_lock.url = %s", ("rediss://127.0.0.1:%d/0" % silent_peer,))
+    s.run("SET redis_lock.connect_timeout = '500ms'")
+    d = expect_failure(s, ("08001",), timeout_s=1.5)
+    assert d.message_detail == "TLS handshake timed out after 500ms", d.message_detail
+
+
+def test_silent_peer_handshake_answers_cancel(tsessions, tls_pg, silent_peer):
+    s, admin = tsessions(), tsessions()
+    s.run("SET redis_lock.url = %s", ("rediss://127.0.0.1:%d/0" % silent_peer,))
+    s.run("SET redis_lock.connect_timeout = '20s'")
+    s.start("SELECT redis_lock_acquire('t-cancel')")
+    wait_for_wait_event(admin.conn, s.pid)
+    sent = time.monotonic()
+    assert admin.run("SELECT pg_cancel_backend(%s)", (s.pid,))
+    s.join(10)
+    assert s.error is not None and s.error.pgcode == "57014", s.error
+    assert time.monotonic() - sent < 1.0 * S
+    assert held(s) == 0
+
+
+# ================================================================ mutual TLS
+
+@pytest.fixture(scope="module")
+def mtls_redis(pki):
+    r = testbed.TLSRedis(pki, *pki.make("mtls-server"), auth_clients="yes").start()
+    yield r
+    r.stop()
+
+
+def test_mutual_tls_required(tsessions, pki, mtls_redis):
+    s = tsessions()
+    s.run("SET redis_lock.url = %s", (mtls_redis.url,))
+    d = expect_failure(s)
+    # TLS 1.3: the server refuses after the handshake; its alert says so,
+    # unless its reset overtakes the alert and only the reset is seen
+    assert "certificate" in d.message_detail or "reset by peer" in d.message_detail, \
+        d.message_detail
+    cert, key = pki.make("pg-client", client=True)
+    s.run("SET redis_lock.tls_cert_file = %s", (cert,))
+    s.run("SET redis_lock.tls_key_file = %s", (key,))
+    assert s.run("SELECT redis_lock_acquire('t-mtls') > 0")
+    assert s.run("SELECT redis_lock_release('t-mtls')") is True
+
+
+def test_private_key_readable_by_others_is_refused(tsessions, pki, mtls_redis):
+    s = tsessions()
+    cert, key = pki.make("loose-client", client=True)
+    os.chmod(key, 0o644)
+    s.run("SET redis_lock.url = %s", (mtls_redis.url,))
+    s.run("SET redis_lock.tls_cert_file = %s", (cert,))
+    s.run("SET redis_lock.tls_key_file = %s", (key,))
+    d = expect_failure(s, ("08001",))
+    assert "readable by group or others" in d.message_detail, d.message_detail
+    assert "PRIVATE KEY" not in d.message_detail
+
+
+def test_tls_settings_are_superuser_only(tls_pg):
+    c = tls_pg.connect()
+    try:
+        cur = c.cursor()
+        cur.execute("CREATE ROLE rl_tls_plain LOGIN")
+        cur.execute("SET ROLE rl_tls_plain")
+        for setting in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify"):
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute("SET redis_lock.%s = 'none'" % setting)
+        cur.execute("RESET ROLE")
+    finally:
+        c.close()
+
+
+# ================================================================ Redisson, Sentinel over TLS
+
+@pytest.mark.parametrize("line", ["3", "4"], ids=lambda l: "redisson" + l)
+def test_redisson_over_rediss_shares_a_lock_with_sql(tsessions, tls_redis, pki, line):
+    from peers import JavaPeer
+    java = JavaPeer([tls_redis.port], line=line, truststore=pki.truststore())
+    a, admin = tsessions(), tsessions()
+    try:
+        a.run("SET redis_lock.protocol = 'redisson'")
+        assert java.call("t1", "lock", "t-java") is True
+        assert a.run("SELECT redis_lock_try_acquire('t-java')") is False
+        a.start("SELECT redis_lock_acquire('t-java', wait => '10s') > 0")
+        wait_for_wait_event(admin.conn, a.pid)
+        released = time.monotonic()
+        assert java.call("t1", "unlock", "t-java") is True
+        a.join()
+        assert a.error is None and a.result is True
+        assert a.finished_at - released < 0.2      # woken by Redisson's publish
+        assert java.call("t1", "trylock", "t-java", 0, -1) is False
+        assert a.run("SELECT redis_lock_release('t-java')") is True
+        assert java.call("t1", "trylock", "t-java", 0, -1) is True
+        assert java.call("t1", "unlock", "t-java") is True
+    finally:
+        java.close()
+
+
+def test_master_found_through_a_tls_sentinel_is_reached_over_tls(pki, tls_redis):
+    sentinel = testbed.TLSSentinel(pki, tls_redis.port, quorum=1).start()
+    pg = testbed.Postgres(conf={"redis_lock.sentinels": sentinel.url,
+                                "redis_lock.sentinel_master": "mymaster",
+                                "redis_lock.tls_ca_file": pki.ca}).init().start().with_extension()
+    s = Session(pg)
+    try:
+        tls_redis.client().flushall()
+        assert s.run("SELECT redis_lock_acquire('t-sentinel') > 0")
+        assert tls_redis.client().get("t-sentinel").startswith(b"pgrl:")
+        assert s.run("SELECT redis_lock_release('t-sentinel')") is True
+    finally:
+        s.close()
+        pg.cleanup()
+        sentinel.stop()
