@@ -49,8 +49,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			fail("sentinel flag set by the parser", url);
 		if (strchr(ep.user, ':') != NULL)
 			fail("a password got into the user name", url);
-		if (strncmp(url, "redis://", 8) != 0)
-			fail("accepted without redis://", url);
+		if (strncmp(url, "redis://", 8) != 0 && strncmp(url, "rediss://", 9) != 0)
+			fail("accepted without redis:// or rediss://", url);
+		if (ep.tls != (strncmp(url, "rediss://", 9) == 0))
+			fail("TLS flag does not match the scheme", url);
 		label = rl_endpoint_label(&ep);
 		if (strstr(label, ep.host) == NULL)
 			fail("label lacks the host", url);

@@ -337,6 +337,9 @@ def replicated():
     replica.client().execute_command("REPLICAOF", "127.0.0.1", master.port)
     testbed.wait_until(lambda: replica.client().info("replication").get(
         "master_link_status") == "up", 15, 0.05, what="replica in sync")
+    # and the master counts it: WAIT only counts replicas it sees online
+    testbed.wait_until(lambda: master.client().info("replication").get(
+        "slave0", {}).get("state") == "online", 15, 0.05, what="master to see its replica")
     yield master, replica, pg
     replica.resume()
     pg.cleanup()
@@ -348,7 +351,9 @@ def test_wait_replicas_is_enforced_after_noscript(replicated):
     master, replica, pg = replicated
     a = Session(pg)
     a.run("SET redis_lock.wait_replicas = 1")
+    a.run("SET redis_lock.wait_replicas_timeout = '2s'")   # a loaded machine can be slow
     assert a.run("SELECT redis_lock_acquire('warm', ttl => '60s') > 0")   # scripts cached
+    a.run("RESET redis_lock.wait_replicas_timeout")
     replica.pause()
     master.client().script_flush()
     with pytest.raises(psycopg2.Error) as ei:
@@ -365,6 +370,7 @@ def test_wait_is_sent_again_after_the_script_resent_for_noscript(replicated):
     master, replica, pg = replicated
     a = Session(pg)
     a.run("SET redis_lock.wait_replicas = 1")
+    a.run("SET redis_lock.wait_replicas_timeout = '2s'")   # a loaded machine can be slow
     assert a.run("SELECT redis_lock_acquire('warm', ttl => '60s') > 0")
     master.client().script_flush()
     seen = []
