@@ -10,6 +10,11 @@
  * Memory errors always abort.  With FUZZ_STRICT=1 in the environment the
  * harness also aborts when accepted settings do not give a usable target:
  * rl_current_target raising, or a non-empty list giving no endpoint.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  fuzz/fuzz_target_spec.c
  */
 #include "../src/settings.c"
 #include "../src/topology.c"

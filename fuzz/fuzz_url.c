@@ -2,6 +2,11 @@
  * libFuzzer target: rl_parse_url (src/settings.c) on arbitrary bytes, and
  * the redis_lock.url check hook built on it.  Besides the sanitizers, every
  * accepted URL must give a well-formed endpoint; anything else aborts.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  fuzz/fuzz_url.c
  */
 #include "../src/settings.c"
 

@@ -7,6 +7,11 @@
  * more than RL_MAX_NODES of them (callers size their connection arrays by
  * it); an ERROR from parse_list after the
  * hook accepted is a real disagreement and aborts.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  fuzz/fuzz_url_list.c
  */
 #include "../src/settings.c"
 #include "../src/topology.c"

@@ -5,6 +5,11 @@
  * elog/ereport(ERROR) long-jumps to the innermost PG_TRY like the real
  * thing, and aborts when nobody catches it.  Anything that would talk to
  * Redis aborts: the parsers must never get there.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  fuzz/stubs.c
  */
 #define _GNU_SOURCE 1
 #include "postgres.h"
@@ -336,6 +341,7 @@ TimestampTz GetCurrentTimestamp(void) { return 0; }
 struct Latch *MyLatch = NULL;
 int WaitLatch(Latch *latch, int wakeEvents, long timeout, uint32 wait_event_info) { abort(); }
 void ResetLatch(Latch *latch) { abort(); }
+uint32 rl_wait_event(RLWaitKind kind) { abort(); }
 
 /* ---- transport.c: parsers never talk to Redis ---- */
 RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber) { abort(); }

@@ -1,4 +1,5 @@
--- Every error row of API.md, with its SQLSTATE, message and hint.
+-- Every error of the README (Functions, Failure semantics), with its SQLSTATE,
+-- message and hint.
 
 -- bad lock names: NULL 22004, empty / oversized 22023 (512 bytes is fine)
 SELECT try($$SELECT redis_lock_acquire(NULL)$$);

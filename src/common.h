@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * common.h
- *	  The bottom of redis_lock's stack: limits and the wait event every
- *	  layer shares.  Declarations only.
+ *	  The bottom of redis_lock's stack: the limits every layer shares.
+ *	  Declarations only; the wait events all layers use are in stats.h.
  *
  * Layering, top to bottom; each file calls only into the layers below it,
  * and each layer's header includes only the header of the layer below:
@@ -24,9 +24,14 @@
  *	stream.c      the bytes of one connection: socket, TLS (OpenSSL), the
  *				  hiredis RESP codec
  *	settings.c    GUCs, parsing of redis_lock.url, durations for messages
- *	stats.c       the counters of redis_lock_stats()
+ *	stats.c       the counters of redis_lock_stats(), the wait events
  *
  * module.c, the entry point, sits above them all.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/common.h
  *
  *-------------------------------------------------------------------------
  */
@@ -39,7 +44,7 @@
 #include "pgstat.h"
 #include "utils/timestamp.h"
 
-/* Longest lock name accepted, in bytes (API.md) */
+/* Longest lock name accepted, in bytes (README, "Functions") */
 #define RL_MAX_NAME_LEN		512
 /* Longest key_prefix accepted, in bytes */
 #define RL_MAX_PREFIX_LEN	256
@@ -51,8 +56,5 @@
 #define RL_MAX_NODES		16
 /* Largest lease or wait, in milliseconds (fits a signed 32-bit int) */
 #define RL_MAX_MS			((int64) PG_INT32_MAX)
-
-/* The wait event shown in pg_stat_activity while we wait on Redis */
-#define RL_WAIT_EVENT		PG_WAIT_EXTENSION
 
 #endif							/* RL_COMMON_H */

@@ -1,12 +1,19 @@
 /*-------------------------------------------------------------------------
  *
  * functions.c
- *	  Owns the SQL-callable functions of API.md: argument checks (NULL,
- *	  empty, oversized names; ttl and wait ranges), the errors a caller sees
- *	  for a wait that elapsed, and the shape of every result.
+ *	  Owns the SQL-callable functions (README, "Functions"): argument
+ *	  checks (NULL, empty, oversized names; ttl and wait ranges), the errors
+ *	  a caller sees for a wait that elapsed, and the shape of every result.
  *
  *	  The work itself is done by locktable.c; this file must not keep lock
- *	  state of its own or talk to Redis except through it and lockop.c.
+ *	  state of its own or talk to Redis except through it and lockop.c, and
+ *	  must not call hiredis: its header is included only for the
+ *	  REDIS_REPLY_* codes of the RLReply trees lockop.c hands back.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/functions.c
  *
  *-------------------------------------------------------------------------
  */
@@ -152,6 +159,11 @@ do_acquire(FunctionCallInfo fcinfo, int64 default_wait, bool *obtained,
 					  obtained);
 }
 
+/*
+ * redis_lock_acquire(lock_name, ttl, wait, xact): take the lock, waiting up
+ * to wait (redis_lock.wait_timeout when NULL).  Returns its fencing token, or
+ * NULL when there is none (Redlock); raises 55P03 if it is not obtained.
+ */
 Datum
 redis_lock_acquire(PG_FUNCTION_ARGS)
 {
@@ -167,6 +179,11 @@ redis_lock_acquire(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64(fence);
 }
 
+/*
+ * redis_lock_try_acquire(lock_name, ttl, wait, xact): take the lock if it can
+ * be had within wait (none when NULL).  Returns whether it was obtained
+ * instead of raising when it was not.
+ */
 Datum
 redis_lock_try_acquire(PG_FUNCTION_ARGS)
 {
@@ -181,18 +198,31 @@ redis_lock_try_acquire(PG_FUNCTION_ARGS)
  * Release, extend, fence
  * ----------------------------------------------------------------
  */
+/*
+ * redis_lock_release(lock_name): drop one session-scoped hold.  Returns false
+ * with a WARNING when the session holds none or the lock was lost.
+ */
 Datum
 redis_lock_release(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_BOOL(rl_release(arg_lock_name(fcinfo, 0)));
 }
 
+/*
+ * redis_lock_release_all(): drop every session-scoped hold; returns how many
+ * locks had any.  Transaction-scoped holds stay until the transaction ends.
+ */
 Datum
 redis_lock_release_all(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT32(rl_release_all_session());
 }
 
+/*
+ * redis_lock_extend(lock_name, ttl): restart a held lock's lease (ttl NULL
+ * hands it to the watchdog).  Returns false with a WARNING when it is not
+ * held or was found lost.
+ */
 Datum
 redis_lock_extend(PG_FUNCTION_ARGS)
 {
@@ -202,6 +232,10 @@ redis_lock_extend(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(rl_extend(name, ttl));
 }
 
+/*
+ * redis_lock_fence(lock_name): the fencing token of a lock this session
+ * holds; NULL when it holds none or the lock has no token (Redlock).
+ */
 Datum
 redis_lock_fence(PG_FUNCTION_ARGS)
 {
@@ -218,6 +252,11 @@ redis_lock_fence(PG_FUNCTION_ARGS)
 /* ----------------------------------------------------------------
  * with_lock: acquire, run the query in a subtransaction, release
  * ----------------------------------------------------------------
+ */
+/*
+ * redis_lock_with_lock(lock_name, query, ttl, wait): run query in a
+ * subtransaction while holding the lock, then release it, also when the query
+ * fails.  Returns the number of rows the query processed.
  */
 Datum
 redis_lock_with_lock(PG_FUNCTION_ARGS)
@@ -577,6 +616,10 @@ redis_lock_all_locks(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/*
+ * redis_lock_stats(): one row of the counters (shared when preloaded, else
+ * this backend's) and whether the watchdog worker runs.
+ */
 Datum
 redis_lock_stats(PG_FUNCTION_ARGS)
 {

@@ -10,6 +10,11 @@
  *	  Must not: build scripts or names (protocol.c does), keep state about
  *	  held locks (locktable.c does), raise for a node's failure in soft mode.
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/lockop.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "lockop.h"

@@ -3,6 +3,11 @@
  * lockop.h
  *	  One lock operation over every node of a target (lockop.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/lockop.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_LOCKOP_H

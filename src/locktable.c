@@ -14,8 +14,15 @@
  *	  run out.  So no error leaves the session believing it holds a lock it
  *	  does not, and no unknown grant is left in Redis longer than needed.
  *
- *	  Must not: call hiredis (transport.c does), know script bodies
- *	  (protocol.c does), define SQL-callable functions (functions.c does).
+ *	  Must not: call hiredis (transport.c and stream.c do; its header is
+ *	  included here only for the REDIS_REPLY_* codes of an RLReply's type),
+ *	  know script bodies (protocol.c does), define SQL-callable functions
+ *	  (functions.c does).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/locktable.c
  *
  *-------------------------------------------------------------------------
  */
@@ -44,10 +51,12 @@ static MemoryContext names_cxt = NULL;	/* the entries' key/channel strings */
 static RLConn *dirty_subs[64];
 static int	ndirty_subs = 0;
 
-static void xact_callback(XactEvent event, void *arg);
-static void subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-							 SubTransactionId parentSubid, void *arg);
-static void exit_callback(int code, Datum arg);
+static void redis_lock_locktable_xact_callback(XactEvent event, void *arg);
+static void redis_lock_locktable_subxact_callback(SubXactEvent event,
+												  SubTransactionId mySubid,
+												  SubTransactionId parentSubid,
+												  void *arg);
+static void redis_lock_locktable_before_shmem_exit(int code, Datum arg);
 
 /*
  * Transaction-scoped holds in the order taken, each tagged with the
@@ -106,9 +115,9 @@ ensure_table(void)
 		xact_log_cxt = AllocSetContextCreate(TopMemoryContext,
 											 "redis_lock transaction holds",
 											 ALLOCSET_SMALL_SIZES);
-		RegisterXactCallback(xact_callback, NULL);
-		RegisterSubXactCallback(subxact_callback, NULL);
-		before_shmem_exit(exit_callback, (Datum) 0);
+		RegisterXactCallback(redis_lock_locktable_xact_callback, NULL);
+		RegisterSubXactCallback(redis_lock_locktable_subxact_callback, NULL);
+		before_shmem_exit(redis_lock_locktable_before_shmem_exit, (Datum) 0);
 		callbacks_registered = true;
 	}
 }
@@ -293,6 +302,7 @@ became_doubt(RLHeld *e)
 	registry_sync(e, false);
 }
 
+/* The entry of a lock this backend has at least one hold on; else NULL */
 RLHeld *
 rl_lookup(const char *name)
 {
@@ -304,6 +314,10 @@ rl_lookup(const char *name)
 	return (e != NULL && RL_HOLDS(e) > 0) ? e : NULL;
 }
 
+/*
+ * Drop name's entry, held or doubtful, and its registry slot without a round
+ * trip to Redis: the caller knows the lock is gone (a force release).
+ */
 void
 rl_forget(const char *name)
 {
@@ -972,6 +986,11 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
  * Release / extend
  * ----------------------------------------------------------------
  */
+/*
+ * Drop one session hold on name and, when it was the last hold, delete the
+ * lock in Redis.  Returns false with a WARNING when it is not held at session
+ * scope or was lost; raises when Redis' answer is unknown.
+ */
 bool
 rl_release(const char *name)
 {
@@ -1111,6 +1130,11 @@ drop_scope(RLScope scope, RLHeld ***out, int *nout)
 	return count;
 }
 
+/*
+ * Drop every session hold and release, in one round trip per node, the locks
+ * left free.  Returns how many locks had session holds; raises after
+ * settling the others if a release's outcome is unknown.
+ */
 int
 rl_release_all_session(void)
 {
@@ -1149,6 +1173,11 @@ rl_release_all_session(void)
 	return count;
 }
 
+/*
+ * Restart the lease of a held lock: ttl_ms > 0 is a fixed lease, otherwise
+ * redis_lock.lease_time, renewed by the watchdog when it runs.  Returns false
+ * with a WARNING when the lock is not held or was found lost.
+ */
 bool
 rl_extend(const char *name, int64 ttl_ms)
 {
@@ -1315,8 +1344,12 @@ end_of_xact(void)
 	maybe_shrink();
 }
 
+/*
+ * Transaction callback: verify transaction-scoped locks before COMMIT,
+ * refuse PREPARE while any is held, release them at COMMIT or ABORT.
+ */
 static void
-xact_callback(XactEvent event, void *arg)
+redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 {
 	switch (event)
 	{
@@ -1351,8 +1384,8 @@ xact_callback(XactEvent event, void *arg)
  * was taken.
  */
 static void
-subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-				 SubTransactionId parentSubid, void *arg)
+redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+									  SubTransactionId parentSubid, void *arg)
 {
 	int			i;
 
@@ -1391,7 +1424,7 @@ subxact_callback(SubXactEvent event, SubTransactionId mySubid,
  * worker, or expires with its lease.
  */
 static void
-exit_callback(int code, Datum arg)
+redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 {
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;

@@ -3,6 +3,11 @@
  * locktable.h
  *	  This backend's table of Redis locks (locktable.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/locktable.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_LOCKTABLE_H

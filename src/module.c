@@ -5,6 +5,11 @@
  *	  when loaded through shared_preload_libraries, the shared counters, the
  *	  shared registry and the watchdog worker.  Opens no connection.
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/module.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "locktable.h"
@@ -15,6 +20,10 @@ PG_MODULE_MAGIC;
 
 void		_PG_init(void);
 
+/*
+ * Module load: settings, counters, scripts and, when preloading, the shared
+ * registry and the watchdog worker.  Nothing here talks to Redis.
+ */
 void
 _PG_init(void)
 {

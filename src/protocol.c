@@ -14,6 +14,11 @@
  *	  Nothing here keeps state about held locks or waits, or decides
  *	  anything from the answers of several nodes (lockop.c does).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/protocol.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "protocol.h"
@@ -90,7 +95,7 @@ static const char *simple_extend_lua =
 "return 0\n";
 
 /*
- * redisson, acquire (RLock layout; see WIRE.md).  KEYS: lock, token
+ * redisson, acquire (RLock layout; README, "Redisson (Java)").  KEYS: lock, token
  * counter.  ARGV: lease ms, field, fence flag.  Our field's count stays 1: reentrancy
  * is counted in the backend, so a repeated acquire is idempotent.  The
  * counter is incremented on every grant, as RFencedLock does.
@@ -196,6 +201,10 @@ compute_sha(RLScript *s)
 #endif
 }
 
+/*
+ * Fill the script table (names for messages, Lua bodies) at load time; the
+ * SHA1s are computed on first use.
+ */
 void
 rl_scripts_init(void)
 {
@@ -399,12 +408,14 @@ rl_new_owner(RLProtocol protocol, char *owner)
 	}
 }
 
+/* The subscribe command for release channels: sharded or classic pub/sub */
 const char *
 rl_pubsub_subscribe_cmd(void)
 {
 	return rl_sharded_pubsub ? "SSUBSCRIBE" : "SUBSCRIBE";
 }
 
+/* The unsubscribe command matching rl_pubsub_subscribe_cmd() */
 const char *
 rl_pubsub_unsubscribe_cmd(void)
 {
@@ -572,6 +583,10 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
 	}
 }
 
+/*
+ * Set call up as the acquire script of n's protocol with this lease; fence
+ * asks the script to count a fencing token.
+ */
 void
 rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 				bool fence)
@@ -593,6 +608,10 @@ rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms
 	}
 }
 
+/*
+ * Set call up as the release script of n's protocol: delete the lock if it
+ * is ours and publish on its channel.
+ */
 void
 rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
@@ -605,6 +624,10 @@ rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 				   1, keys, 3, args);
 }
 
+/*
+ * Set call up as the extend script of n's protocol: restart the lease if the
+ * lock is still ours (also how a lock is verified).
+ */
 void
 rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
 {
@@ -617,6 +640,10 @@ rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
 				   1, keys, 2, args);
 }
 
+/*
+ * Set call up as the force-release script: delete the lock whoever holds it
+ * and publish on its channel, refusing a key of a foreign type.
+ */
 void
 rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
@@ -628,6 +655,7 @@ rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 3, args);
 }
 
+/* Set call up as the inspect script: the key's type, pttl and holder(s) */
 void
 rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
@@ -646,6 +674,10 @@ is_text(const RLReply *r)
 	return r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
 }
 
+/*
+ * Decode an acquire script's reply into res: granted with its token, busy
+ * with the holder's pttl, wrong type, or failed (res->failure = call).
+ */
 void
 rl_parse_acquire(RLCall *call, RLAcquireResult *res)
 {

@@ -3,6 +3,11 @@
  * protocol.h
  *	  The wire layouts: scripts, names, owner tokens, replies (protocol.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/protocol.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_PROTOCOL_H

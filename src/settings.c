@@ -8,6 +8,11 @@
  *	  rl_settings_generation; transport.c and topology.c compare it to drop
  *	  what they cached.
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/settings.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "settings.h"
@@ -57,6 +62,7 @@ static const struct config_enum_entry protocol_options[] = {
 	{NULL, 0, false}
 };
 
+/* The redis_lock.protocol value that names p, for messages */
 const char *
 rl_protocol_name(RLProtocol p)
 {
@@ -349,6 +355,10 @@ bump_generation_enum(int newval, void *extra)
 	rl_settings_generation++;
 }
 
+/*
+ * Define every redis_lock.* setting and reserve the prefix; called once from
+ * _PG_init.
+ */
 void
 rl_define_settings(void)
 {

@@ -4,6 +4,11 @@
  *	  redis_lock.* settings, redis:// URLs and durations in messages
  *	  (settings.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/settings.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_SETTINGS_H

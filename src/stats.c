@@ -3,10 +3,16 @@
  * stats.c
  *	  Owns the counters of redis_lock_stats(): in shared memory, summed over
  *	  every backend and the watchdog worker, when loaded through
- *	  shared_preload_libraries; otherwise per backend.
+ *	  shared_preload_libraries; otherwise per backend.  Also owns the wait
+ *	  events our latch waits report in pg_stat_activity.
  *
  *	  The bottom of the stack: every layer may count, and nothing here calls
  *	  into another file of the extension.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/stats.c
  *
  *-------------------------------------------------------------------------
  */
@@ -17,6 +23,7 @@
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/wait_event.h"
 
 typedef struct RLSharedStats
 {
@@ -31,8 +38,9 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 #endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
+/* shmem_request_hook: room for the shared counters */
 static void
-stats_request_shmem(void)
+redis_lock_stats_shmem_request(void)
 {
 #if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
@@ -41,8 +49,9 @@ stats_request_shmem(void)
 	RequestAddinShmemSpace(sizeof(RLSharedStats));
 }
 
+/* shmem_startup_hook: create or attach the shared counters */
 static void
-stats_attach_shmem(void)
+redis_lock_stats_shmem_startup(void)
 {
 	bool		found;
 	int			i;
@@ -66,14 +75,15 @@ rl_stats_init(void)
 		return;
 #if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = stats_request_shmem;
+	shmem_request_hook = redis_lock_stats_shmem_request;
 #else
-	stats_request_shmem();
+	redis_lock_stats_shmem_request();
 #endif
 	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = stats_attach_shmem;
+	shmem_startup_hook = redis_lock_stats_shmem_startup;
 }
 
+/* Add n to one counter: shared when preloaded, else this backend's */
 void
 rl_stats_add(RLStatId id, uint64 n)
 {
@@ -83,6 +93,7 @@ rl_stats_add(RLStatId id, uint64 n)
 		local_stats[id] += n;
 }
 
+/* Copy every counter into *out (shared when preloaded, else this backend's) */
 void
 rl_stats_read(RLStats *out)
 {
@@ -91,4 +102,37 @@ rl_stats_read(RLStats *out)
 	for (i = 0; i < RL_STAT_COUNT; i++)
 		out->value[i] = shared_stats != NULL ?
 			pg_atomic_read_u64(&shared_stats->value[i]) : local_stats[i];
+}
+
+/*
+ * The wait event to report for a wait of this kind.  PostgreSQL 17 and later
+ * give each kind a name of its own, registered on first use in each process
+ * (WaitEventExtensionNew needs shared memory, so not from _PG_init; the same
+ * name gives the same id in every process).  Earlier versions have only
+ * PG_WAIT_EXTENSION.  Never raises before 17; from 17 on, only when
+ * PostgreSQL's table of custom wait events is full.
+ *
+ * The PostgreSQL 17 branch is written against utils/wait_event.h of 17 and
+ * has not been compiled here (only PostgreSQL 15 headers are installed).
+ */
+uint32
+rl_wait_event(RLWaitKind kind)
+{
+#if PG_VERSION_NUM >= 170000
+	static const char *const names[RL_WAIT_KIND_COUNT] = {
+		[RL_WAIT_CONNECT] = "RedisLockConnect",
+		[RL_WAIT_REPLY] = "RedisLockReply",
+		[RL_WAIT_RELEASE] = "RedisLockRelease",
+		[RL_WAIT_RETRY] = "RedisLockRetry",
+		[RL_WAIT_WATCHDOG] = "RedisLockWatchdog",
+	};
+	static uint32 ids[RL_WAIT_KIND_COUNT];	/* 0: not registered yet */
+
+	Assert((int) kind >= 0 && (int) kind < RL_WAIT_KIND_COUNT);
+	if (ids[kind] == 0)
+		ids[kind] = WaitEventExtensionNew(names[kind]);
+	return ids[kind];
+#else
+	return PG_WAIT_EXTENSION;
+#endif
 }

@@ -18,6 +18,11 @@
  *
  *	  Must not: know about commands, replies, locks or topologies.
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/stream.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "stream.h"
@@ -404,12 +409,14 @@ rl_stream_close(RLStream *s)
 	pfree(s);
 }
 
+/* The stream's socket, for the caller's latch wait */
 pgsocket
 rl_stream_socket(const RLStream *s)
 {
 	return s->sock;
 }
 
+/* Does the stream run TLS (then any socket event may let it read)? */
 bool
 rl_stream_is_tls(const RLStream *s)
 {
@@ -513,6 +520,10 @@ rl_stream_events(const RLStream *s)
  * Writing
  * ----------------------------------------------------------------
  */
+/*
+ * Format one command (RESP) and queue it behind what is not yet written;
+ * nothing is sent until rl_stream_write.  Raises only when out of memory.
+ */
 void
 rl_stream_append(RLStream *s, int argc, const char **argv, const size_t *argvlen)
 {
@@ -535,6 +546,7 @@ rl_stream_append(RLStream *s, int argc, const char **argv, const size_t *argvlen
 	redisFreeCommand(cmd);
 }
 
+/* Are queued command bytes still waiting to be written? */
 bool
 rl_stream_has_unsent(const RLStream *s)
 {

@@ -4,6 +4,11 @@
  *	  One non-blocking byte stream to one Redis server, plain TCP or TLS,
  *	  with hiredis as its RESP codec (stream.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/stream.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_STREAM_H

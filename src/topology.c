@@ -13,6 +13,11 @@
  *
  *	  Nothing here knows about scripts or the lock table.
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/topology.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "topology.h"
@@ -191,12 +196,14 @@ rl_current_target(void)
 	return current;
 }
 
+/* How many nodes must agree: a majority of Redlock masters, else 1 */
 int
 rl_target_quorum(RLTarget *t)
 {
 	return t->kind == RL_TOPO_REDLOCK ? t->nendpoints / 2 + 1 : 1;
 }
 
+/* Most nodes one lock operation on t is sent to */
 int
 rl_target_max_nodes(RLTarget *t)
 {
@@ -739,7 +746,7 @@ rl_target_run(RLCall *calls, int ncalls, RLRunMode mode)
 		{
 			/* a multi-key script in a slot being migrated: wait a little */
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 pause_ms, RL_WAIT_EVENT);
+							 pause_ms, rl_wait_event(RL_WAIT_RETRY));
 			pause_ms = Min(pause_ms * 2, 50);
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();

@@ -3,6 +3,11 @@
  * topology.h
  *	  Where a key lives: targets, their nodes and slot maps (topology.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/topology.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_TOPOLOGY_H

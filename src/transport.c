@@ -15,6 +15,11 @@
  *	  This file knows nothing about locks, scripts or topologies, nor about
  *	  sockets or TLS (stream.c does).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/transport.c
+ *
  *-------------------------------------------------------------------------
  */
 #include "transport.h"
@@ -133,13 +138,13 @@ sock_add(SockWait *sw, pgsocket fd, uint32 events, int owner)
 
 /*
  * Wait until one of the sockets is ready for what it asks, the latch is set
- * or the timeout passes.  Fills sw->ready / sw->ready_ev and returns
- * sw->nready; -1 when the postmaster died while we are already exiting.  The
- * latch is reset and interrupts are checked here (no-op while they are
- * held).
+ * or the timeout passes; pg_stat_activity shows the wait event of kind.
+ * Fills sw->ready / sw->ready_ev and returns sw->nready; -1 when the
+ * postmaster died while we are already exiting.  The latch is reset and
+ * interrupts are checked here (no-op while they are held).
  */
 static int
-wait_sockets(SockWait *sw, long timeout_ms)
+wait_sockets(SockWait *sw, long timeout_ms, RLWaitKind kind)
 {
 	CachedWes  *cw = NULL;
 	WaitEvent	occurred[RL_WES_MAXSOCK + 2];
@@ -202,7 +207,7 @@ wait_sockets(SockWait *sw, long timeout_ms)
 	CHECK_FOR_INTERRUPTS();
 	sw->nready = 0;
 	n = WaitEventSetWait(cw->set, timeout_ms, occurred, lengthof(occurred),
-						 RL_WAIT_EVENT);
+						 rl_wait_event(kind));
 	for (i = 0; i < n; i++)
 	{
 		if (occurred[i].events & WL_LATCH_SET)
@@ -281,6 +286,7 @@ next_reply(RLConn *conn, RLReply **out, char **errmsg)
 	return true;
 }
 
+/* Is r an error reply, starting with prefix if one is given? */
 bool
 rl_reply_is_error(RLReply *r, const char *prefix)
 {
@@ -306,6 +312,7 @@ rl_use_credentials(const char *password, const char *sentinel_password)
 	cred_sentinel_password = sentinel_password;
 }
 
+/* Go back to the passwords of the settings (see rl_use_credentials) */
 void
 rl_use_settings_credentials(void)
 {
@@ -368,6 +375,7 @@ rl_conn_for(const RLEndpoint *ep, bool subscriber)
 	return c;
 }
 
+/* "host:port" of the connection, for messages */
 const char *
 rl_conn_label(RLConn *conn)
 {
@@ -392,6 +400,7 @@ rl_conn_close(RLConn *conn)
 	conn->busy = false;
 }
 
+/* Close every cached connection, command and subscriber (at backend exit) */
 void
 rl_close_all(void)
 {
@@ -761,7 +770,39 @@ rl_call_problem(const RLCall *call)
 					failure_subject(call), call->reply->type);
 }
 
-/* Raise the failure of a call that got no reply as the ERROR a caller sees */
+/*
+ * errcontext naming the command of a failed call as sent (its first
+ * argument, e.g. EVALSHA: what the layers above call it is theirs to say),
+ * its key and its server, as far as the call has them.  None for a call
+ * without a command (a key no node is known for: the message names it).
+ */
+static int
+raw_call_context(const RLCall *call)
+{
+	int			cmdlen;
+	const char *cmd;
+
+	if (call->argc == 0)
+		return 0;
+	cmd = call->argv[0];
+	cmdlen = (int) call->argvlen[0];
+	if (call->key != NULL && call->conn != NULL)
+		return errcontext("Redis command %.*s on key \"%.*s\" at %s",
+						  cmdlen, cmd, (int) call->keylen, call->key,
+						  call->conn->label);
+	if (call->key != NULL)
+		return errcontext("Redis command %.*s on key \"%.*s\"",
+						  cmdlen, cmd, (int) call->keylen, call->key);
+	if (call->conn != NULL)
+		return errcontext("Redis command %.*s at %s",
+						  cmdlen, cmd, call->conn->label);
+	return errcontext("Redis command %.*s", cmdlen, cmd);
+}
+
+/*
+ * Raise the failure of a call that got no reply as the ERROR a caller sees,
+ * with a context naming the command, its key and its server.
+ */
 void
 rl_raise_call_error(RLCall *call)
 {
@@ -770,7 +811,8 @@ rl_raise_call_error(RLCall *call)
 			(errcode(call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE),
 			 errmsg(failure_message[call->failure], failure_subject(call)),
 			 errdetail_internal("%s", call->error),
-			 failure_hint[call->failure] ? errhint("%s", _(failure_hint[call->failure])) : 0));
+			 failure_hint[call->failure] ? errhint("%s", _(failure_hint[call->failure])) : 0,
+			 raw_call_context(call)));
 	pg_unreachable();
 }
 
@@ -1055,7 +1097,26 @@ next_deadline_ms(RunConn *runs, const SockWait *sw, TimestampTz now)
 	return Max(wait_ms, 1);
 }
 
-/* Phase 3c: finish connects, write more, read and hand out replies */
+/*
+ * Phase 3c: what the wait is for, in pg_stat_activity: a connect while any
+ * pending run is still connecting, else the replies.
+ */
+static RLWaitKind
+wait_kind(RunConn *runs, const SockWait *sw)
+{
+	int			i;
+
+	for (i = 0; i < sw->nsock; i++)
+	{
+		RunConn    *rc = &runs[sw->owner[i]];
+
+		if (rc->connecting && !run_done(rc))
+			return RL_WAIT_CONNECT;
+	}
+	return RL_WAIT_REPLY;
+}
+
+/* Phase 3d: finish connects, write more, read and hand out replies */
 static void
 serve_ready(RunConn *runs, const SockWait *sw, TimestampTz now)
 {
@@ -1147,7 +1208,8 @@ run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 
 		if (pending_sockets(runs, nruns, &sw, now) == 0)
 			break;
-		if (wait_sockets(&sw, next_deadline_ms(runs, &sw, now)) < 0)
+		if (wait_sockets(&sw, next_deadline_ms(runs, &sw, now),
+						 wait_kind(runs, &sw)) < 0)
 		{
 			for (i = 0; i < sw.nsock; i++)
 				if (!run_done(&runs[sw.owner[i]]))
@@ -1169,6 +1231,10 @@ run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 	pfree(runs);
 }
 
+/*
+ * Make call a fresh command for conn with these arguments (borrowed, not
+ * copied; argvlen NULL: NUL-terminated), with no key, target or result.
+ */
 void
 rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 			const size_t *argvlen)
@@ -1195,6 +1261,7 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 	call->sqlstate = 0;
 }
 
+/* Append one borrowed argument to call; raises past RL_MAX_ARGS */
 void
 rl_call_arg(RLCall *call, const char *arg, size_t len)
 {
@@ -1211,6 +1278,11 @@ rl_call_arg(RLCall *call, const char *arg, size_t len)
  * confirmation; the next subscribe skips whatever stale pushes precede its
  * own confirmation.
  * ----------------------------------------------------------------
+ */
+/*
+ * Send cmd (a subscribe) for channel on each subscriber connection and wait
+ * up to timeout_ms for the confirmations.  Failures are not raised: a
+ * refused subscription closes that connection and the caller polls instead.
  */
 void
 rl_subscribe(RLConn **subs, int n, const char *cmd, const char *channel,
@@ -1233,6 +1305,11 @@ rl_subscribe(RLConn **subs, int n, const char *cmd, const char *channel,
 	pfree(calls);
 }
 
+/*
+ * Send cmd (an unsubscribe) for channel on each subscriber connection
+ * without waiting for the confirmation; a connection that cannot take it is
+ * closed.  Never raises for a network failure.
+ */
 void
 rl_unsubscribe_async(RLConn **subs, int n, const char *cmd, const char *channel)
 {
@@ -1335,8 +1412,8 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 
 			CHECK_FOR_INTERRUPTS();
 			rc = WaitLatch(MyLatch,
-									   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-									   wait_ms, RL_WAIT_EVENT);
+						   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						   wait_ms, rl_wait_event(RL_WAIT_RELEASE));
 
 			if (rc & WL_LATCH_SET)
 			{
@@ -1345,7 +1422,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 			}
 			continue;
 		}
-		if (wait_sockets(&sw, wait_ms) < 0)
+		if (wait_sockets(&sw, wait_ms, RL_WAIT_RELEASE) < 0)
 			return true;
 		for (i = 0; i < sw.nready; i++)
 		{

@@ -3,6 +3,11 @@
  * transport.h
  *	  Connections to Redis servers, round trips and pub/sub (transport.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/transport.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_TRANSPORT_H

@@ -6,14 +6,20 @@
  *	  backends left behind.
  *
  *	  All of it exists only with shared_preload_libraries = 'redis_lock';
- *	  otherwise every function here is a cheap no-op.  Backends write only their own slots; the worker only
- *	  marks slots renewed or lost and frees orphans, always checking the
- *	  slot's generation so a result never lands on a reused slot.  The
- *	  worker talks to Redis only through lockop.c (compare-and-PEXPIRE,
- *	  compare-and-delete), so it can never re-create a lock that vanished.
+ *	  otherwise every function here is a cheap no-op.  Backends write only
+ *	  their own slots; the worker only marks slots renewed or lost and frees
+ *	  orphans, always checking the slot's generation so a result never lands
+ *	  on a reused slot.  The worker talks to Redis only through lockop.c
+ *	  (compare-and-PEXPIRE, compare-and-delete), so it can never re-create a
+ *	  lock that vanished.
  *
  *	  Must not: touch a backend's local lock table, or raise ERROR in the
  *	  worker's loop for a Redis failure (those are retried next cycle).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/watchdog.c
  *
  *-------------------------------------------------------------------------
  */
@@ -107,8 +113,9 @@ shared_size(void)
 	return sz;
 }
 
+/* shmem_request_hook: room for the registry and its LWLock */
 static void
-registry_request_shmem(void)
+redis_lock_registry_shmem_request(void)
 {
 #if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
@@ -118,8 +125,9 @@ registry_request_shmem(void)
 	RequestNamedLWLockTranche("redis_lock", 1);
 }
 
+/* shmem_startup_hook: create (empty) or attach the registry */
 static void
-registry_attach_shmem(void)
+redis_lock_registry_shmem_startup(void)
 {
 	bool		found;
 	int			i;
@@ -144,6 +152,7 @@ registry_attach_shmem(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
+/* Is the shared registry there (loaded through shared_preload_libraries)? */
 bool
 rl_watchdog_enabled(void)
 {
@@ -162,12 +171,12 @@ rl_watchdog_init(void)
 
 #if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = registry_request_shmem;
+	shmem_request_hook = redis_lock_registry_shmem_request;
 #else
-	registry_request_shmem();
+	redis_lock_registry_shmem_request();
 #endif
 	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = registry_attach_shmem;
+	shmem_startup_hook = redis_lock_registry_shmem_startup;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
@@ -361,6 +370,7 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	LWLockRelease(shared->lock);
 }
 
+/* Free this backend's registry slot (no-op without a registry or slot) */
 void
 rl_registry_remove(int slot)
 {
@@ -520,8 +530,9 @@ note_outcome(Job *j, bool failed, TimestampTz now)
 	r->retry_at = TimestampTzPlusMilliseconds(now, r->backoff_ms);
 }
 
+/* on_shmem_exit of the worker: unpublish its latch, nobody may set it now */
 static void
-worker_detach(int code, Datum arg)
+redis_lock_worker_on_shmem_exit(int code, Datum arg)
 {
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	if (shared->worker_latch == MyLatch)
@@ -762,6 +773,10 @@ worker_cycle(void)
 	return Max(1, (long) ((next_due - now + 999) / 1000));
 }
 
+/*
+ * Entry point of the watchdog background worker (bgw_function_name): renews
+ * watchdog leases and releases orphans every cycle, until SIGTERM.
+ */
 void
 rl_watchdog_main(Datum arg)
 {
@@ -774,7 +789,7 @@ rl_watchdog_main(Datum arg)
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	shared->worker_latch = MyLatch;
 	LWLockRelease(shared->lock);
-	on_shmem_exit(worker_detach, (Datum) 0);
+	on_shmem_exit(redis_lock_worker_on_shmem_exit, (Datum) 0);
 
 	cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock watchdog",
 								ALLOCSET_DEFAULT_SIZES);
@@ -792,7 +807,7 @@ rl_watchdog_main(Datum arg)
 		MemoryContextReset(cxt);
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 sleep_ms, PG_WAIT_EXTENSION);
+						 sleep_ms, rl_wait_event(RL_WAIT_WATCHDOG));
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)

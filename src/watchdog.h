@@ -4,6 +4,11 @@
  *	  The shared registry of every backend's locks and the worker that
  *	  renews and cleans them up (watchdog.c).
  *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/watchdog.h
+ *
  *-------------------------------------------------------------------------
  */
 #ifndef RL_WATCHDOG_H

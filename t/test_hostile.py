@@ -839,7 +839,8 @@ def test_hostile_cluster_slots(pg, fake, report, case):
 CRASH_EXIT = ("BUG: check_url accepts a host with ',', ' ' or tab (and '|'), topology.c re-splits "
               "the URL on ', \\t' (and '|' for Sentinel) and raises XX000 inside entry_create "
               "after hash_search(HASH_ENTER): the entry stays with target NULL, and the "
-              "backend SIGSEGVs in exit_callback -> release_soft -> op_init (e->target->kind)")
+              "backend SIGSEGVs in redis_lock_locktable_before_shmem_exit -> release_soft -> "
+              "op_init (e->target->kind)")
 
 
 @pytest.mark.parametrize("setting,value", [
