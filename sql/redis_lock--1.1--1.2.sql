@@ -143,3 +143,115 @@ REVOKE ALL ON FUNCTION redis_lock_fence_marks_forget_dropped() FROM PUBLIC;
 CREATE EVENT TRIGGER redis_lock_fence_marks_drop ON sql_drop
   WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
   EXECUTE FUNCTION redis_lock_fence_marks_forget_dropped();
+
+-- Read-write locks: shared and exclusive holds of one name, on Redisson's
+-- RReadWriteLock layout whatever redis_lock.protocol says.
+CREATE FUNCTION redis_lock_acquire_read(lock_name text,
+                                        ttl interval DEFAULT NULL,
+                                        wait interval DEFAULT NULL,
+                                        xact boolean DEFAULT false)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_acquire_read'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_acquire_read(text, interval, interval, boolean) IS
+'take a shared (read) hold of a Redis read-write lock, waiting up to wait; 55P03 when not obtained';
+
+CREATE FUNCTION redis_lock_try_acquire_read(lock_name text,
+                                            ttl interval DEFAULT NULL,
+                                            wait interval DEFAULT '0',
+                                            xact boolean DEFAULT false)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_try_acquire_read'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_try_acquire_read(text, interval, interval, boolean) IS
+'take a shared (read) hold of a Redis read-write lock if it can be had within wait';
+
+CREATE FUNCTION redis_lock_release_read(lock_name text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_release_read'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_release_read(text) IS
+'drop one session-scoped shared (read) hold of a Redis read-write lock';
+
+CREATE FUNCTION redis_lock_acquire_write(lock_name text,
+                                         ttl interval DEFAULT NULL,
+                                         wait interval DEFAULT NULL,
+                                         xact boolean DEFAULT false)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_acquire_write'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_acquire_write(text, interval, interval, boolean) IS
+'take the exclusive (write) hold of a Redis read-write lock, waiting up to wait; 55P03 when not obtained';
+
+CREATE FUNCTION redis_lock_try_acquire_write(lock_name text,
+                                             ttl interval DEFAULT NULL,
+                                             wait interval DEFAULT '0',
+                                             xact boolean DEFAULT false)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_try_acquire_write'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_try_acquire_write(text, interval, interval, boolean) IS
+'take the exclusive (write) hold of a Redis read-write lock if it can be had within wait';
+
+CREATE FUNCTION redis_lock_release_write(lock_name text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_release_write'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_release_write(text) IS
+'drop one session-scoped exclusive (write) hold of a Redis read-write lock';
+
+-- redis_lock_held() and redis_lock_locks gain a mode column:
+-- exclusive, read or write.
+DROP FUNCTION redis_lock_held();
+CREATE FUNCTION redis_lock_held(OUT lock_name text,
+                                OUT scope text,
+                                OUT hold_count integer,
+                                OUT fence bigint,
+                                OUT acquired_at timestamptz,
+                                OUT lease interval,
+                                OUT watchdog boolean,
+                                OUT lost boolean,
+                                OUT redis_key text,
+                                OUT protocol text,
+                                OUT mode text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'redis_lock_held'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_held() IS
+'Redis locks held by this session, one row per lock, mode and scope';
+
+DROP VIEW redis_lock_locks;
+DROP FUNCTION redis_lock_all_locks();
+CREATE FUNCTION redis_lock_all_locks(OUT pid integer,
+                                     OUT dbid oid,
+                                     OUT lock_name text,
+                                     OUT scope text,
+                                     OUT hold_count integer,
+                                     OUT fence bigint,
+                                     OUT acquired_at timestamptz,
+                                     OUT last_renewed_at timestamptz,
+                                     OUT lease interval,
+                                     OUT watchdog boolean,
+                                     OUT lost boolean,
+                                     OUT redis_key text,
+                                     OUT mode text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'redis_lock_all_locks'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE VIEW redis_lock_locks AS
+  SELECT l.pid, d.datname AS database, l.lock_name, l.mode, l.scope,
+         l.hold_count, l.fence, l.acquired_at, l.last_renewed_at, l.lease,
+         l.watchdog, l.lost, l.redis_key
+  FROM redis_lock_all_locks() l
+  LEFT JOIN pg_catalog.pg_database d ON d.oid = l.dbid;
+
+COMMENT ON VIEW redis_lock_locks IS
+'Redis locks held by every backend (needs shared_preload_libraries; otherwise this session only)';

@@ -44,6 +44,12 @@ PG_FUNCTION_INFO_V1(redis_lock_fence);
 PG_FUNCTION_INFO_V1(redis_lock_held);
 PG_FUNCTION_INFO_V1(redis_lock_status);
 PG_FUNCTION_INFO_V1(redis_lock_force_release);
+PG_FUNCTION_INFO_V1(redis_lock_acquire_read);
+PG_FUNCTION_INFO_V1(redis_lock_try_acquire_read);
+PG_FUNCTION_INFO_V1(redis_lock_release_read);
+PG_FUNCTION_INFO_V1(redis_lock_acquire_write);
+PG_FUNCTION_INFO_V1(redis_lock_try_acquire_write);
+PG_FUNCTION_INFO_V1(redis_lock_release_write);
 
 /* ----------------------------------------------------------------
  * Argument checks
@@ -116,6 +122,23 @@ arg_bool(FunctionCallInfo fcinfo, int argno, const char *what)
 	return PG_GETARG_BOOL(argno);
 }
 
+/* The mode column of redis_lock_held() and redis_lock_locks (1.2) */
+static Datum
+mode_datum(RLProtocol protocol)
+{
+	switch (protocol)
+	{
+		case RL_PROTOCOL_SIMPLE:
+		case RL_PROTOCOL_REDISSON:
+			break;
+		case RL_PROTOCOL_RW_READ:
+			return CStringGetTextDatum("read");
+		case RL_PROTOCOL_RW_WRITE:
+			return CStringGetTextDatum("write");
+	}
+	return CStringGetTextDatum("exclusive");
+}
+
 static Interval *
 ms_to_interval(int64 ms)
 {
@@ -143,9 +166,15 @@ raise_not_obtained(const char *name, int64 wait_ms)
 					rl_format_ms(wait_ms))));
 }
 
+/*
+ * The acquire functions' common part: arguments (lock_name, ttl, wait,
+ * xact), then one mode of the lock.  A session that holds a read-write lock
+ * for reading only is refused its write hold at once (*obtained false, or
+ * 55P03 when refuse_upgrade): it would wait for itself.
+ */
 static int64
-do_acquire(FunctionCallInfo fcinfo, int64 default_wait, bool *obtained,
-		   int64 *wait_out)
+do_acquire(FunctionCallInfo fcinfo, RLLockMode mode, int64 default_wait,
+		   bool refuse_upgrade, bool *obtained, int64 *wait_out)
 {
 	char	   *name = arg_lock_name(fcinfo, 0);
 	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
@@ -155,8 +184,19 @@ do_acquire(FunctionCallInfo fcinfo, int64 default_wait, bool *obtained,
 	if (wait < 0)
 		wait = default_wait;
 	*wait_out = wait;
-	return rl_acquire(name, ttl, wait, xact ? RL_SCOPE_XACT : RL_SCOPE_SESSION,
-					  obtained);
+	if (mode == RL_MODE_WRITE && rl_holds_read_only(name))
+	{
+		if (refuse_upgrade)
+			ereport(ERROR,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("could not obtain Redis lock \"%s\" for writing", name),
+					 errdetail("This session holds it for reading, and a read hold cannot be upgraded."),
+					 errhint("Release the read hold first, or take the write hold before reading.")));
+		*obtained = false;
+		return 0;
+	}
+	return rl_acquire(mode, name, ttl, wait,
+					  xact ? RL_SCOPE_XACT : RL_SCOPE_SESSION, obtained);
 }
 
 /*
@@ -169,7 +209,8 @@ redis_lock_acquire(PG_FUNCTION_ARGS)
 {
 	bool		obtained;
 	int64		wait;
-	int64		fence = do_acquire(fcinfo, rl_wait_timeout_ms, &obtained, &wait);
+	int64		fence = do_acquire(fcinfo, RL_MODE_EXCLUSIVE, rl_wait_timeout_ms,
+									   true, &obtained, &wait);
 
 	if (!obtained)
 		raise_not_obtained(text_to_cstring(PG_GETARG_TEXT_PP(0)), wait);
@@ -190,8 +231,58 @@ redis_lock_try_acquire(PG_FUNCTION_ARGS)
 	bool		obtained;
 	int64		wait;
 
-	(void) do_acquire(fcinfo, 0, &obtained, &wait);
+	(void) do_acquire(fcinfo, RL_MODE_EXCLUSIVE, 0, false, &obtained, &wait);
 	PG_RETURN_BOOL(obtained);
+}
+
+/* The read-write lock functions: one mode, raising or not */
+static bool
+acquire_rw(FunctionCallInfo fcinfo, RLLockMode mode, bool raise)
+{
+	bool		obtained;
+	int64		wait;
+
+	(void) do_acquire(fcinfo, mode, raise ? rl_wait_timeout_ms : 0, raise,
+					  &obtained, &wait);
+	if (!obtained && raise)
+		raise_not_obtained(text_to_cstring(PG_GETARG_TEXT_PP(0)), wait);
+	return obtained;
+}
+
+/*
+ * redis_lock_acquire_read(lock_name, ttl, wait, xact): take a shared hold of
+ * the read-write lock, waiting up to wait (redis_lock.wait_timeout when
+ * NULL); true, or 55P03 when it is not obtained.
+ */
+Datum
+redis_lock_acquire_read(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(acquire_rw(fcinfo, RL_MODE_READ, true));
+}
+
+/* redis_lock_try_acquire_read: the same, false instead of the error */
+Datum
+redis_lock_try_acquire_read(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(acquire_rw(fcinfo, RL_MODE_READ, false));
+}
+
+/*
+ * redis_lock_acquire_write(lock_name, ttl, wait, xact): take the exclusive
+ * hold of the read-write lock; true, or 55P03 when it is not obtained, at
+ * once when this session holds only a read hold of it (no upgrade).
+ */
+Datum
+redis_lock_acquire_write(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(acquire_rw(fcinfo, RL_MODE_WRITE, true));
+}
+
+/* redis_lock_try_acquire_write: the same, false instead of the error */
+Datum
+redis_lock_try_acquire_write(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(acquire_rw(fcinfo, RL_MODE_WRITE, false));
 }
 
 /* ----------------------------------------------------------------
@@ -205,7 +296,21 @@ redis_lock_try_acquire(PG_FUNCTION_ARGS)
 Datum
 redis_lock_release(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BOOL(rl_release(arg_lock_name(fcinfo, 0)));
+	PG_RETURN_BOOL(rl_release(RL_MODE_EXCLUSIVE, arg_lock_name(fcinfo, 0)));
+}
+
+/* redis_lock_release_read(lock_name): drop one session-scoped read hold */
+Datum
+redis_lock_release_read(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(rl_release(RL_MODE_READ, arg_lock_name(fcinfo, 0)));
+}
+
+/* redis_lock_release_write(lock_name): drop one session-scoped write hold */
+Datum
+redis_lock_release_write(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(rl_release(RL_MODE_WRITE, arg_lock_name(fcinfo, 0)));
 }
 
 /*
@@ -280,7 +385,8 @@ redis_lock_with_lock(PG_FUNCTION_ARGS)
 	if (wait < 0)
 		wait = rl_wait_timeout_ms;
 
-	(void) rl_acquire(name, ttl, wait, RL_SCOPE_SESSION, &obtained);
+	(void) rl_acquire(RL_MODE_EXCLUSIVE, name, ttl, wait, RL_SCOPE_SESSION,
+					  &obtained);
 	if (!obtained)
 		raise_not_obtained(name, wait);
 
@@ -324,7 +430,7 @@ redis_lock_with_lock(PG_FUNCTION_ARGS)
 	}
 	PG_END_TRY();
 
-	(void) rl_release(name);
+	(void) rl_release(RL_MODE_EXCLUSIVE, name);
 	PG_RETURN_INT64((int64) processed);
 }
 
@@ -378,8 +484,8 @@ redis_lock_held(PG_FUNCTION_ARGS)
 		{
 			RLHeld	   *e = &ents[i];
 			int			holds = scope == 0 ? e->session_holds : e->xact_holds;
-			Datum		values[10];
-			bool		nulls[10] = {0};
+			Datum		values[11];
+			bool		nulls[11] = {0};
 
 			if (holds == 0)
 				continue;
@@ -393,17 +499,22 @@ redis_lock_held(PG_FUNCTION_ARGS)
 			values[7] = BoolGetDatum(e->lost);
 			values[8] = CStringGetTextDatum(e->names.key);
 			values[9] = CStringGetTextDatum(rl_protocol_name(e->names.protocol));
+			/* mode: from 1.2 on (1.1's definition has no such column) */
+			values[10] = mode_datum(e->names.protocol);
 			tuplestore_putvalues(ts, td, values, nulls);
 		}
 	}
 	return (Datum) 0;
 }
 
-/* Names and target of a lock: the held entry's, else from the settings */
+/*
+ * Names and target of a lock: those of an entry the session holds (any
+ * mode), else from the settings
+ */
 static RLTarget *
 lock_names_for(const char *name, RLHeld **e, RLLockNames *names)
 {
-	*e = rl_lookup(name);
+	*e = rl_lookup_any(name);
 	if (*e != NULL)
 	{
 		*names = (*e)->names;
@@ -529,8 +640,8 @@ redis_lock_force_release(PG_FUNCTION_ARGS)
 		rl_raise_wrong_type(name, &names, op.wrongtype);
 	if (op.failed > 0 && op.yes == 0)
 		rl_raise_undecided(RL_ACTION_FORCE_RELEASE, name, &op);
-	if (e != NULL)
-		rl_forget(name);
+	/* whatever of it this session held (any mode) is gone */
+	rl_forget(name);
 	PG_RETURN_BOOL(op.yes > 0);
 }
 
@@ -549,8 +660,8 @@ put_lock_rows(Tuplestorestate *ts, TupleDesc td, RLLockInfo *l)
 	for (scope = 0; scope < 2; scope++)
 	{
 		int			holds = scope == 0 ? l->st.session_holds : l->st.xact_holds;
-		Datum		values[12];
-		bool		nulls[12] = {0};
+		Datum		values[13];
+		bool		nulls[13] = {0};
 
 		if (holds == 0)
 			continue;
@@ -567,6 +678,8 @@ put_lock_rows(Tuplestorestate *ts, TupleDesc td, RLLockInfo *l)
 		values[9] = BoolGetDatum(l->st.watchdog);
 		values[10] = BoolGetDatum(l->st.lost);
 		values[11] = CStringGetTextDatum(l->key);
+		/* mode: from 1.2 on (1.1's definition has no such column) */
+		values[12] = mode_datum(l->st.protocol);
 		tuplestore_putvalues(ts, td, values, nulls);
 	}
 }

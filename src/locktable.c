@@ -70,7 +70,7 @@ static void redis_lock_locktable_before_shmem_exit(int code, Datum arg);
 typedef struct XactHold
 {
 	SubTransactionId subid;
-	char	   *name;
+	char	   *hkey;			/* the entry's hash key */
 } XactHold;
 
 static XactHold *xact_log = NULL;
@@ -96,7 +96,7 @@ ensure_table(void)
 	if (held != NULL)
 		return;
 	memset(&ctl, 0, sizeof(ctl));
-	ctl.keysize = RL_MAX_NAME_LEN + 1;
+	ctl.keysize = RL_MAX_NAME_LEN + 2;
 	ctl.entrysize = sizeof(RLHeld);
 	ctl.hcxt = TopMemoryContext;
 	held = hash_create("redis_lock held locks", 64, &ctl,
@@ -148,22 +148,72 @@ free_names(RLLockNames *n)
 	n->key = n->fence_key = n->channel = NULL;
 }
 
-/* Create an entry (zero holds: a doubt until granted) for the settings now */
+/* The table's key of one mode of a name: its mode letter, then the name */
+static void
+held_key(char *hkey, RLLockMode mode, const char *name)
+{
+	static const char letter[] = {
+		[RL_MODE_EXCLUSIVE] = 'x',
+		[RL_MODE_READ] = 'r',
+		[RL_MODE_WRITE] = 'w',
+	};
+
+	hkey[0] = letter[mode];
+	strlcpy(hkey + 1, name, RL_MAX_NAME_LEN + 1);
+}
+
+/* The entry of one mode of a name, or NULL */
 static RLHeld *
-entry_create(const char *name)
+entry_find(RLLockMode mode, const char *name)
+{
+	char		hkey[RL_MAX_NAME_LEN + 2];
+
+	if (held == NULL)
+		return NULL;
+	held_key(hkey, mode, name);
+	return hash_search(held, hkey, HASH_FIND, NULL);
+}
+
+/*
+ * The wire layout of a mode: redis_lock.protocol for exclusive locks,
+ * Redisson's read-write lock for the other two.
+ */
+static RLProtocol
+mode_protocol(RLLockMode mode)
+{
+	switch (mode)
+	{
+		case RL_MODE_EXCLUSIVE:
+			break;
+		case RL_MODE_READ:
+			return RL_PROTOCOL_RW_READ;
+		case RL_MODE_WRITE:
+			return RL_PROTOCOL_RW_WRITE;
+	}
+	return (RLProtocol) rl_protocol;
+}
+
+/*
+ * Create an entry of one mode of a name (zero holds: a doubt until granted)
+ * for the settings now.
+ */
+static RLHeld *
+entry_create(RLLockMode mode, const char *name)
 {
 	RLLockNames names;
 	RLHeld	   *e;
 	bool		found;
+	char		hkey[RL_MAX_NAME_LEN + 2];
 	RLTarget   *target = rl_current_target();	/* may raise: nothing made yet */
 
 	memset(&names, 0, sizeof(names));
-	rl_names_build(&names, (RLProtocol) rl_protocol, rl_key_prefix, name,
+	rl_names_build(&names, mode_protocol(mode), rl_key_prefix, name,
 				   names_cxt);
+	held_key(hkey, mode, name);
 	PG_TRY();
 	{
 		rl_new_owner(names.protocol, names.owner);
-		e = hash_search(held, name, HASH_ENTER, &found);
+		e = hash_search(held, hkey, HASH_ENTER, &found);
 	}
 	PG_CATCH();
 	{
@@ -173,8 +223,10 @@ entry_create(const char *name)
 	PG_END_TRY();
 	Assert(!found);
 	held_peak = Max(held_peak, hash_get_num_entries(held));
-	memset(((char *) e) + offsetof(RLHeld, target), 0,
-		   sizeof(RLHeld) - offsetof(RLHeld, target));
+	memset(((char *) e) + offsetof(RLHeld, name), 0,
+		   sizeof(RLHeld) - offsetof(RLHeld, name));
+	strlcpy(e->name, name, sizeof(e->name));
+	e->mode = mode;
 	e->target = target;
 	e->names = names;
 	e->registry_slot = -1;
@@ -231,12 +283,13 @@ entry_remove(RLHeld *e)
 	if (e->registry_slot >= 0)
 		registry_drop(e);
 	free_names(&e->names);
-	hash_search(held, e->name, HASH_REMOVE, NULL);
+	hash_search(held, e->hkey, HASH_REMOVE, NULL);
 }
 
-/* Record a transaction hold on name for the current subtransaction */
+/* Record a transaction hold of an entry (by its hash key) for the current
+ * subtransaction */
 static void
-xact_log_push(const char *name)
+xact_log_push(const char *hkey)
 {
 	MemoryContext old = MemoryContextSwitchTo(xact_log_cxt);
 
@@ -247,7 +300,7 @@ xact_log_push(const char *name)
 			repalloc(xact_log, sizeof(XactHold) * xact_log_cap);
 	}
 	xact_log[xact_log_len].subid = GetCurrentSubTransactionId();
-	xact_log[xact_log_len].name = pstrdup(name);
+	xact_log[xact_log_len].hkey = pstrdup(hkey);
 	xact_log_len++;
 	MemoryContextSwitchTo(old);
 }
@@ -266,7 +319,7 @@ add_hold(RLHeld *e, RLScope scope)
 {
 	/* recorded first: if that fails, nothing was counted */
 	if (scope == RL_SCOPE_XACT)
-		xact_log_push(e->name);
+		xact_log_push(e->hkey);
 	if (RL_HOLDS(e) == 0)
 		ndoubts--;				/* leaves the doubt set */
 	if (scope == RL_SCOPE_XACT)
@@ -302,32 +355,68 @@ became_doubt(RLHeld *e)
 	registry_sync(e, false);
 }
 
-/* The entry of a lock this backend has at least one hold on; else NULL */
+/*
+ * The entry of an exclusive lock this backend has at least one hold on;
+ * else NULL
+ */
 RLHeld *
 rl_lookup(const char *name)
 {
-	RLHeld	   *e;
+	RLHeld	   *e = entry_find(RL_MODE_EXCLUSIVE, name);
 
-	if (held == NULL)
-		return NULL;
-	e = hash_search(held, name, HASH_FIND, NULL);
 	return (e != NULL && RL_HOLDS(e) > 0) ? e : NULL;
 }
 
 /*
- * Drop name's entry, held or doubtful, and its registry slot without a round
- * trip to Redis: the caller knows the lock is gone (a force release).
+ * The entry of name this backend holds, whichever mode: the exclusive lock
+ * first, then the write hold, then the read hold; else NULL
+ */
+RLHeld *
+rl_lookup_any(const char *name)
+{
+	static const RLLockMode order[] = {RL_MODE_EXCLUSIVE, RL_MODE_WRITE, RL_MODE_READ};
+	int			i;
+
+	for (i = 0; i < (int) lengthof(order); i++)
+	{
+		RLHeld	   *e = entry_find(order[i], name);
+
+		if (e != NULL && RL_HOLDS(e) > 0)
+			return e;
+	}
+	return NULL;
+}
+
+/*
+ * Drop name's entries (every mode), held or doubtful, and their registry
+ * slots without a round trip to Redis: the caller knows the lock is gone (a
+ * force release).
  */
 void
 rl_forget(const char *name)
 {
-	RLHeld	   *e;
+	RLLockMode	mode;
 
-	if (held == NULL)
-		return;
-	e = hash_search(held, name, HASH_FIND, NULL);
-	if (e != NULL)
-		entry_remove(e);
+	for (mode = RL_MODE_EXCLUSIVE; mode <= RL_MODE_WRITE; mode++)
+	{
+		RLHeld	   *e = entry_find(mode, name);
+
+		if (e != NULL)
+			entry_remove(e);
+	}
+}
+
+/*
+ * Does this session hold the read hold of the read-write lock name without
+ * its write hold?  Then asking for the write hold would wait for itself.
+ */
+bool
+rl_holds_read_only(const char *name)
+{
+	RLHeld	   *r = entry_find(RL_MODE_READ, name);
+	RLHeld	   *w = entry_find(RL_MODE_WRITE, name);
+
+	return r != NULL && RL_HOLDS(r) > 0 && (w == NULL || RL_HOLDS(w) == 0);
 }
 
 /* Holding entries, palloc'd array in the caller's context */
@@ -854,7 +943,8 @@ acquire_again(RLHeld *e, int64 lease_ms, RLScope scope)
  * registered with the watchdog under the passwords of now.
  */
 static RLHeld *
-entry_for_attempt(RLHeld *doubt, const char *name, int64 lease_ms)
+entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
+				  int64 lease_ms)
 {
 	RLHeld	   *e = doubt;
 
@@ -863,7 +953,7 @@ entry_for_attempt(RLHeld *doubt, const char *name, int64 lease_ms)
 		RLLockNames probe;
 
 		memset(&probe, 0, sizeof(probe));
-		rl_names_build(&probe, (RLProtocol) rl_protocol, rl_key_prefix, name,
+		rl_names_build(&probe, mode_protocol(mode), rl_key_prefix, name,
 					   CurrentMemoryContext);
 		if (e->target != rl_current_target() ||
 			e->names.protocol != probe.protocol ||
@@ -874,7 +964,7 @@ entry_for_attempt(RLHeld *doubt, const char *name, int64 lease_ms)
 		}
 	}
 	if (e == NULL)
-		e = entry_create(name);
+		e = entry_create(mode, name);
 	else if (e->registry_slot >= 0)
 		registry_drop(e);
 	e->lease_ms = lease_ms;
@@ -908,6 +998,7 @@ static void
 not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 {
 	char	   *name = pstrdup(e->name);
+	RLProtocol	protocol = e->names.protocol;
 
 	if (release_partial_grants(e, op))
 		entry_remove(e);
@@ -918,7 +1009,7 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 				RLLockNames n;
 
 				memset(&n, 0, sizeof(n));
-				rl_names_build(&n, (RLProtocol) rl_protocol, rl_key_prefix, name,
+				rl_names_build(&n, protocol, rl_key_prefix, name,
 							   CurrentMemoryContext);
 				rl_stats_add(RL_STAT_FAILED, 1);
 				rl_raise_wrong_type(name, &n, op->wrongtype);
@@ -934,15 +1025,30 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 	}
 }
 
+/* Read-write locks on independent masters are not supported */
+static void
+refuse_rw_on_redlock(RLLockMode mode, const char *name)
+{
+	if (mode != RL_MODE_EXCLUSIVE &&
+		rl_current_target()->kind == RL_TOPO_REDLOCK)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("read-write Redis locks are not supported on several independent masters"),
+				 errdetail("Lock \"%s\" would be a read-write lock, and redis_lock.nodes is set.",
+						   name),
+				 errhint("Use an exclusive lock (redis_lock_acquire), or one Redis, Sentinel or Cluster.")));
+}
+
 /*
- * Take lock name.  ttl_ms <= 0 means "ttl NULL": the lease is
+ * Take one mode of lock name: the exclusive lock, or the read or the write
+ * hold of its read-write lock.  ttl_ms <= 0 means "ttl NULL": the lease is
  * redis_lock.lease_time, renewed by the watchdog when it runs.  Returns the
- * fencing token (0 under Redlock: none); *obtained is false when the wait
- * elapsed.
+ * fencing token (0 when there is none: Redlock, read-write locks);
+ * *obtained is false when the wait elapsed.
  */
 int64
-rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
-		   bool *obtained)
+rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
+		   RLScope scope, bool *obtained)
 {
 	RLHeld	   *e;
 	RLLockOp	op;
@@ -952,8 +1058,9 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 
 	*obtained = false;
 	rl_safe_point();
+	refuse_rw_on_redlock(mode, name);
 
-	e = hash_search(held, name, HASH_FIND, NULL);
+	e = entry_find(mode, name);
 	if (e != NULL && RL_HOLDS(e) > 0)
 	{
 		if (acquire_again(e, lease_ms, scope))
@@ -963,7 +1070,7 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
 		}
 		e = NULL;
 	}
-	e = entry_for_attempt(e, name, lease_ms);
+	e = entry_for_attempt(e, mode, name, lease_ms);
 
 	outcome = attempt(e, lease_ms, &op);
 	if (outcome != ACQ_GOT && outcome != ACQ_WRONGTYPE && wait_ms > 0 &&
@@ -987,24 +1094,28 @@ rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms, RLScope scope,
  * ----------------------------------------------------------------
  */
 /*
- * Drop one session hold on name and, when it was the last hold, delete the
- * lock in Redis.  Returns false with a WARNING when it is not held at session
- * scope or was lost; raises when Redis' answer is unknown.
+ * Drop one session hold of one mode of name and, when it was the last hold,
+ * delete it in Redis.  Returns false with a WARNING when it is not held at
+ * session scope or was lost; raises when Redis' answer is unknown.
  */
 bool
-rl_release(const char *name)
+rl_release(RLLockMode mode, const char *name)
 {
 	RLHeld	   *e;
 	int			result;
 	RLLockOp   *op;
 
 	rl_safe_point();
-	e = hash_search(held, name, HASH_FIND, NULL);
+	e = entry_find(mode, name);
 	if (e == NULL || RL_HOLDS(e) == 0)
 	{
 		ereport(WARNING,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("you do not hold Redis lock \"%s\"", name)));
+				 errmsg("you do not hold Redis lock \"%s\"", name),
+				 mode == RL_MODE_READ ?
+				 errdetail("This session has no read hold of it.") :
+				 mode == RL_MODE_WRITE ?
+				 errdetail("This session has no write hold of it.") : 0));
 		return false;
 	}
 	if (e->session_holds == 0)
@@ -1058,9 +1169,7 @@ rl_release_one_error_safe(const char *name)
 {
 	RLHeld	   *e;
 
-	if (held == NULL)
-		return;
-	e = hash_search(held, name, HASH_FIND, NULL);
+	e = entry_find(RL_MODE_EXCLUSIVE, name);
 	if (e == NULL || e->session_holds == 0)
 		return;
 	e->session_holds--;
@@ -1185,7 +1294,7 @@ rl_extend(const char *name, int64 ttl_ms)
 	int64		lease_ms;
 
 	rl_safe_point();
-	e = hash_search(held, name, HASH_FIND, NULL);
+	e = entry_find(RL_MODE_EXCLUSIVE, name);
 	if (e == NULL || RL_HOLDS(e) == 0)
 	{
 		ereport(WARNING,
@@ -1406,9 +1515,9 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 		while (xact_log_len > 0 && xact_log[xact_log_len - 1].subid == mySubid)
 		{
 			XactHold   *h = &xact_log[--xact_log_len];
-			RLHeld	   *e = hash_search(held, h->name, HASH_FIND, NULL);
+			RLHeld	   *e = hash_search(held, h->hkey, HASH_FIND, NULL);
 
-			pfree(h->name);
+			pfree(h->hkey);
 			if (e != NULL && e->xact_holds > 0)
 				drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
 		}

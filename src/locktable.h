@@ -21,10 +21,23 @@ typedef enum RLScope
 	RL_SCOPE_XACT
 } RLScope;
 
+/*
+ * Which lock object of a name: the exclusive lock, or the read or the write
+ * hold of the read-write lock of that name.  The three are separate entries.
+ */
+typedef enum RLLockMode
+{
+	RL_MODE_EXCLUSIVE,
+	RL_MODE_READ,
+	RL_MODE_WRITE
+} RLLockMode;
+
 /* One lock this backend holds (or may hold, when holds are zero) */
 typedef struct RLHeld
 {
-	char		name[RL_MAX_NAME_LEN + 1];	/* hash key */
+	char		hkey[RL_MAX_NAME_LEN + 2];	/* hash key: mode letter + name */
+	char		name[RL_MAX_NAME_LEN + 1];
+	RLLockMode	mode;
 	RLTarget   *target;
 	RLLockNames names;			/* strings live in TopMemoryContext */
 	int64		fence;
@@ -43,12 +56,14 @@ typedef struct RLHeld
 
 #define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)
 
-extern int64 rl_acquire(const char *name, int64 ttl_ms, int64 wait_ms,
-						RLScope scope, bool *obtained);
-extern bool rl_release(const char *name);
+extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
+						int64 wait_ms, RLScope scope, bool *obtained);
+extern bool rl_release(RLLockMode mode, const char *name);
+extern bool rl_holds_read_only(const char *name);
 extern int	rl_release_all_session(void);
 extern bool rl_extend(const char *name, int64 ttl_ms);
 extern RLHeld *rl_lookup(const char *name);
+extern RLHeld *rl_lookup_any(const char *name);
 extern void rl_forget(const char *name);
 extern void rl_safe_point(void);
 extern int	rl_held_snapshot(RLHeld **out);

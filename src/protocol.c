@@ -112,6 +112,7 @@ static const char *redisson_acquire_lua =
 "end\n"
 "local t = redis.call('type', KEYS[1])['ok']\n"
 "if t ~= 'hash' then return {-1, t} end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return {-1, 'read-write lock'} end\n"
 "if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
 "  redis.call('pexpire', KEYS[1], ARGV[1])\n"
 "  return {1, fence()}\n"
@@ -134,24 +135,157 @@ static const char *redisson_extend_lua =
 "return 0\n";
 
 /*
- * Force release, both layouts.  KEYS: lock.  ARGV: publish command,
- * expected type, channel.  A key of another type is never deleted.
+ * Force release, every layout.  KEYS: lock.  ARGV: publish command,
+ * expected type, channel, read-write lock channel.  A key of another type is
+ * never deleted.  A read-write lock (a hash with a "mode" field) is deleted
+ * whatever the protocol, and its waiters are all woken ("1"), as Redisson's
+ * forceUnlock of a write lock does.
  */
 static const char *force_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
 "if t == 'none' then return 0 end\n"
+"if t == 'hash' and redis.call('hexists', KEYS[1], 'mode') == 1 then\n"
+"  redis.call('del', KEYS[1])\n"
+"  redis.call(ARGV[1], ARGV[4], '1')\n"
+"  return 1\n"
+"end\n"
 "if t ~= ARGV[2] then return {-1, t} end\n"
 "redis.call('del', KEYS[1])\n"
 "redis.call(ARGV[1], ARGV[3], '0')\n"
 "return 1\n";
 
-/* Inspect.  KEYS: lock.  Returns {type, pttl, value or hash fields}. */
+/*
+ * Inspect.  KEYS: lock.  Returns {type, pttl, value or owner fields} (a
+ * read-write lock's "mode" field is not an owner).
+ */
 static const char *inspect_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
 "local p = redis.call('pttl', KEYS[1])\n"
 "if t == 'string' then return {t, p, redis.call('get', KEYS[1])} end\n"
-"if t == 'hash' then return {t, p, redis.call('hkeys', KEYS[1])} end\n"
+"if t == 'hash' then\n"
+"  local owners = {}\n"
+"  for _, f in ipairs(redis.call('hkeys', KEYS[1])) do\n"
+"    if f ~= 'mode' then owners[#owners + 1] = f end\n"
+"  end\n"
+"  return {t, p, owners}\n"
+"end\n"
 "return {t, p}\n";
+
+/*
+ * Read-write locks: Redisson's RReadWriteLock layout (README, "Read-write
+ * locks").  One hash per lock: field "mode" is "read" or "write"; a reader's
+ * field is its owner id holding its read count, the writer's field is
+ * "<owner id>:write".  Each read hold also has a string key
+ * "{lock}:<owner id>:rwlock_timeout:<n>" with its own TTL, and the hash
+ * lives as long as the longest of them.  Waiters listen on
+ * "redisson_rwlock:{lock}"; a read release publishes "0", a write release
+ * "1" (wake every waiter).  As for RLock, reentrancy is counted in the
+ * backend: our count in Redis stays 1, so every script is idempotent.
+ * A key of another type, or a hash without "mode" (an RLock), is refused.
+ *
+ * read, acquire.  KEYS: lock, our read timeout key.  ARGV: lease ms, our
+ * reader field, our writer field (a writer may also read).
+ */
+static const char *rw_read_acquire_lua =
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'none' and t ~= 'hash' then return {-1, t} end\n"
+"local mode = redis.call('hget', KEYS[1], 'mode')\n"
+"if t == 'hash' and not mode then return {-1, 'Redisson lock'} end\n"
+"if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 0 then\n"
+"  return {0, redis.call('pttl', KEYS[1]), 1}\n"
+"end\n"
+"if not mode then redis.call('hset', KEYS[1], 'mode', 'read') end\n"
+"if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then\n"
+"  redis.call('hset', KEYS[1], ARGV[2], 1)\n"
+"end\n"
+"redis.call('set', KEYS[2], 1, 'PX', ARGV[1])\n"
+"if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"end\n"
+"return {1, 0}\n";
+
+/*
+ * read, release.  KEYS: lock, our read timeout key.  ARGV: our reader
+ * field, publish command, channel, prefix of every timeout key ("{lock}").
+ * With other holds left, the hash's TTL becomes the longest remaining read
+ * timeout; with none (or only expired ones) the lock is deleted and waiters
+ * are woken.
+ */
+static const char *rw_read_release_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"redis.call('hdel', KEYS[1], ARGV[1])\n"
+"redis.call('del', KEYS[2])\n"
+"if redis.call('hlen', KEYS[1]) > 1 then\n"
+"  local left = -3\n"
+"  for _, f in ipairs(redis.call('hkeys', KEYS[1])) do\n"
+"    local n = tonumber(redis.call('hget', KEYS[1], f))\n"
+"    if n then\n"
+"      for i = n, 1, -1 do\n"
+"        left = math.max(left, redis.call('pttl', ARGV[4] .. ':' .. f .. ':rwlock_timeout:' .. i))\n"
+"      end\n"
+"    end\n"
+"  end\n"
+"  if left > 0 then\n"
+"    redis.call('pexpire', KEYS[1], left)\n"
+"    return 1\n"
+"  end\n"
+"  if redis.call('hget', KEYS[1], 'mode') == 'write' then return 1 end\n"
+"end\n"
+"redis.call('del', KEYS[1])\n"
+"redis.call(ARGV[2], ARGV[3], '0')\n"
+"return 1\n";
+
+/* read, extend / renew.  KEYS: lock, our read timeout key.  ARGV: field, ms. */
+static const char *rw_read_extend_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"redis.call('set', KEYS[2], 1, 'PX', ARGV[2])\n"
+"if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"end\n"
+"return 1\n";
+
+/* write, acquire.  KEYS: lock.  ARGV: lease ms, our writer field. */
+static const char *rw_write_acquire_lua =
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'none' and t ~= 'hash' then return {-1, t} end\n"
+"local mode = redis.call('hget', KEYS[1], 'mode')\n"
+"if t == 'hash' and not mode then return {-1, 'Redisson lock'} end\n"
+"if not mode then\n"
+"  redis.call('hset', KEYS[1], 'mode', 'write')\n"
+"  redis.call('hset', KEYS[1], ARGV[2], 1)\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, 0}\n"
+"end\n"
+"if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
+"  if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then\n"
+"    redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  end\n"
+"  return {1, 0}\n"
+"end\n"
+"return {0, redis.call('pttl', KEYS[1]), 1}\n";
+
+/*
+ * write, release.  KEYS: lock.  ARGV: our writer field, publish command,
+ * channel.  Read holds of our own left behind (a downgrade) keep the lock
+ * in read mode; either way every waiter is woken, since readers may now
+ * proceed.
+ */
+static const char *rw_write_release_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"redis.call('hdel', KEYS[1], ARGV[1])\n"
+"if redis.call('hlen', KEYS[1]) <= 1 then\n"
+"  redis.call('del', KEYS[1])\n"
+"else\n"
+"  redis.call('hset', KEYS[1], 'mode', 'read')\n"
+"end\n"
+"redis.call(ARGV[2], ARGV[3], '1')\n"
+"return 1\n";
+
+/* write, extend / renew (Redisson's watchdog check).  ARGV: field, ms. */
+static const char *rw_write_extend_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"return 1\n";
 
 typedef struct RLScript
 {
@@ -215,6 +349,12 @@ rl_scripts_init(void)
 		[RL_SCRIPT_REDISSON_ACQUIRE] = {"redisson acquire", redisson_acquire_lua},
 		[RL_SCRIPT_REDISSON_RELEASE] = {"redisson release", redisson_release_lua},
 		[RL_SCRIPT_REDISSON_EXTEND] = {"redisson extend", redisson_extend_lua},
+		[RL_SCRIPT_RW_READ_ACQUIRE] = {"read-write lock read acquire", rw_read_acquire_lua},
+		[RL_SCRIPT_RW_READ_RELEASE] = {"read-write lock read release", rw_read_release_lua},
+		[RL_SCRIPT_RW_READ_EXTEND] = {"read-write lock read extend", rw_read_extend_lua},
+		[RL_SCRIPT_RW_WRITE_ACQUIRE] = {"read-write lock write acquire", rw_write_acquire_lua},
+		[RL_SCRIPT_RW_WRITE_RELEASE] = {"read-write lock write release", rw_write_release_lua},
+		[RL_SCRIPT_RW_WRITE_EXTEND] = {"read-write lock write extend", rw_write_extend_lua},
 		[RL_SCRIPT_FORCE] = {"force release", force_lua},
 		[RL_SCRIPT_INSPECT] = {"inspect", inspect_lua},
 	};
@@ -318,6 +458,26 @@ redisson_prefix_name(const char *prefix, const char *key)
 }
 
 /*
+ * What a read-write lock's timeout keys start with: the key, braced unless
+ * it has a "{" (Redisson's suffix rule), so they share the key's slot.
+ */
+static char *
+rw_timeout_prefix(const char *key)
+{
+	if (strchr(key, '{') != NULL)
+		return pstrdup(key);
+	return psprintf("{%s}", key);
+}
+
+/* The timeout key of our one read hold: count 1, so suffix ":1" */
+static char *
+rw_read_timeout_key(const RLLockNames *n)
+{
+	return psprintf("%s:%s:rwlock_timeout:1", rw_timeout_prefix(n->key),
+					n->owner);
+}
+
+/*
  * Fill names for a Redis key (prefix already applied) under the given
  * protocol; prefix is needed again for the fence counter's name.  The
  * strings are allocated in cxt; owner is left empty (see rl_new_owner).
@@ -337,6 +497,12 @@ rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	{
 		names->channel = redisson_prefix_name("redisson_lock__channel", names->key);
 		names->fence_key = redisson_prefix_name("redisson_lock_token", names->key);
+	}
+	else if (RL_PROTOCOL_IS_RW(protocol))
+	{
+		/* read-write locks have no fencing tokens */
+		names->channel = redisson_prefix_name("redisson_rwlock", names->key);
+		names->fence_key = NULL;
 	}
 	else
 	{
@@ -369,13 +535,13 @@ rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 
 /*
  * A fresh owner identity.  simple: marker + 128 random bits as hex, unique
- * per grant.  redisson: this backend's "<uuid>:<pid>", like Redisson's
- * "<client uuid>:<thread id>".
+ * per grant.  redisson and read holds: this backend's "<uuid>:<pid>", like
+ * Redisson's "<client uuid>:<thread id>"; write holds: that + ":write".
  */
 void
 rl_new_owner(RLProtocol protocol, char *owner)
 {
-	if (protocol == RL_PROTOCOL_REDISSON)
+	if (protocol != RL_PROTOCOL_SIMPLE)
 	{
 		if (redisson_field[0] == '\0')
 		{
@@ -393,7 +559,10 @@ rl_new_owner(RLProtocol protocol, char *owner)
 					 "%.8s-%.4s-%.4s-%.4s-%.12s:%d",
 					 h, h + 8, h + 12, h + 16, h + 20, MyProcPid);
 		}
-		strlcpy(owner, redisson_field, RL_OWNER_LEN + 1);
+		if (protocol == RL_PROTOCOL_RW_WRITE)
+			snprintf(owner, RL_OWNER_LEN + 1, "%s:write", redisson_field);
+		else
+			strlcpy(owner, redisson_field, RL_OWNER_LEN + 1);
 	}
 	else
 	{
@@ -600,6 +769,20 @@ rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms
 
 		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, 2, keys, 3, args);
 	}
+	else if (n->protocol == RL_PROTOCOL_RW_READ)
+	{
+		const char *rkeys[2] = {n->key, rw_read_timeout_key(n)};
+		const char *args[3] = {ms_text(lease_ms), n->owner,
+		psprintf("%s:write", n->owner)};
+
+		rl_script_call(call, conn, RL_SCRIPT_RW_READ_ACQUIRE, 2, rkeys, 3, args);
+	}
+	else if (n->protocol == RL_PROTOCOL_RW_WRITE)
+	{
+		const char *args[2] = {ms_text(lease_ms), n->owner};
+
+		rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_ACQUIRE, 1, keys, 2, args);
+	}
 	else
 	{
 		const char *args[4] = {n->owner, ms_text(lease_ms), RL_TOKEN_MARKER, f};
@@ -615,13 +798,26 @@ rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms
 void
 rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
-	const char *keys[1] = {n->key};
-	const char *args[3] = {n->owner, publish_cmd(), n->channel};
+	const char *keys[2] = {n->key, NULL};
+	const char *args[4] = {n->owner, publish_cmd(), n->channel, NULL};
 
-	rl_script_call(call, conn,
-				   n->protocol == RL_PROTOCOL_REDISSON ?
-				   RL_SCRIPT_REDISSON_RELEASE : RL_SCRIPT_SIMPLE_RELEASE,
-				   1, keys, 3, args);
+	switch (n->protocol)
+	{
+		case RL_PROTOCOL_SIMPLE:
+			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_RELEASE, 1, keys, 3, args);
+			break;
+		case RL_PROTOCOL_REDISSON:
+			rl_script_call(call, conn, RL_SCRIPT_REDISSON_RELEASE, 1, keys, 3, args);
+			break;
+		case RL_PROTOCOL_RW_READ:
+			keys[1] = rw_read_timeout_key(n);
+			args[3] = rw_timeout_prefix(n->key);
+			rl_script_call(call, conn, RL_SCRIPT_RW_READ_RELEASE, 2, keys, 4, args);
+			break;
+		case RL_PROTOCOL_RW_WRITE:
+			rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_RELEASE, 1, keys, 3, args);
+			break;
+	}
 }
 
 /*
@@ -631,13 +827,25 @@ rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 void
 rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
 {
-	const char *keys[1] = {n->key};
+	const char *keys[2] = {n->key, NULL};
 	const char *args[2] = {n->owner, ms_text(lease_ms)};
 
-	rl_script_call(call, conn,
-				   n->protocol == RL_PROTOCOL_REDISSON ?
-				   RL_SCRIPT_REDISSON_EXTEND : RL_SCRIPT_SIMPLE_EXTEND,
-				   1, keys, 2, args);
+	switch (n->protocol)
+	{
+		case RL_PROTOCOL_SIMPLE:
+			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_EXTEND, 1, keys, 2, args);
+			break;
+		case RL_PROTOCOL_REDISSON:
+			rl_script_call(call, conn, RL_SCRIPT_REDISSON_EXTEND, 1, keys, 2, args);
+			break;
+		case RL_PROTOCOL_RW_READ:
+			keys[1] = rw_read_timeout_key(n);
+			rl_script_call(call, conn, RL_SCRIPT_RW_READ_EXTEND, 2, keys, 2, args);
+			break;
+		case RL_PROTOCOL_RW_WRITE:
+			rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_EXTEND, 1, keys, 2, args);
+			break;
+	}
 }
 
 /*
@@ -648,11 +856,12 @@ void
 rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
 	const char *keys[1] = {n->key};
-	const char *args[3] = {publish_cmd(),
-		n->protocol == RL_PROTOCOL_REDISSON ? "hash" : "string",
-	n->channel};
+	const char *args[4] = {publish_cmd(),
+		n->protocol == RL_PROTOCOL_SIMPLE ? "string" : "hash",
+		n->channel,
+	redisson_prefix_name("redisson_rwlock", n->key)};
 
-	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 3, args);
+	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 4, args);
 }
 
 /* Set call up as the inspect script: the key's type, pttl and holder(s) */

@@ -66,7 +66,17 @@ static const struct config_enum_entry protocol_options[] = {
 const char *
 rl_protocol_name(RLProtocol p)
 {
-	return p == RL_PROTOCOL_REDISSON ? "redisson" : "simple";
+	switch (p)
+	{
+		case RL_PROTOCOL_SIMPLE:
+			break;
+		case RL_PROTOCOL_REDISSON:
+			return "redisson";
+		case RL_PROTOCOL_RW_READ:
+		case RL_PROTOCOL_RW_WRITE:
+			return "redisson_rwlock";
+	}
+	return "simple";
 }
 
 static bool

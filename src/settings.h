@@ -16,11 +16,20 @@
 
 #include "stats.h"
 
+/*
+ * Wire layout of one lock.  redis_lock.protocol chooses between the first
+ * two for exclusive locks; the read and the write hold of a read-write lock
+ * always use Redisson's RReadWriteLock layout, whatever that setting says.
+ */
 typedef enum RLProtocol
 {
 	RL_PROTOCOL_SIMPLE,
-	RL_PROTOCOL_REDISSON
+	RL_PROTOCOL_REDISSON,
+	RL_PROTOCOL_RW_READ,
+	RL_PROTOCOL_RW_WRITE
 } RLProtocol;
+
+#define RL_PROTOCOL_IS_RW(p) ((p) == RL_PROTOCOL_RW_READ || (p) == RL_PROTOCOL_RW_WRITE)
 
 extern char *rl_url;
 extern char *rl_password;

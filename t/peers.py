@@ -82,9 +82,15 @@ JAVA_DIR = os.path.join(INTEROP_DIR, "java")
 REDISSON_LINES = ("3", "4")
 
 
+JAVA_SOURCE = os.path.join(JAVA_DIR, "src", "main", "java", "peer", "Peer.java")
+
+
 def build_java_peer(line):
+    """The peer's build for one Redisson line, (re)built when missing or
+    older than its source."""
     out = os.path.join(JAVA_DIR, "target", "redisson-" + line)
-    if not os.path.exists(os.path.join(out, "classes", "peer", "Peer.class")):
+    built = os.path.join(out, "classes", "peer", "Peer.class")
+    if not os.path.exists(built) or os.path.getmtime(built) < os.path.getmtime(JAVA_SOURCE):
         cmd = ["mvn", "-B", "-q", "package"] + (["-P", "redisson3"] if line == "3" else [])
         subprocess.run(cmd, cwd=JAVA_DIR, check=True, timeout=900)
     return out

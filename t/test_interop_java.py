@@ -198,8 +198,158 @@ def test_mixed_layouts_fail_safe_with_a_real_rlock(java, sessions, rc):
     assert 'holds a hash, not a lock of protocol "simple"' in str(ei.value)
     with pytest.raises(psycopg2.errors.WrongObjectType):
         simple.run("SELECT redis_lock_force_release('mixed')")
+    # nor is a Redisson RLock taken as a read-write lock
+    with pytest.raises(psycopg2.errors.WrongObjectType):
+        simple.run("SELECT redis_lock_acquire_read('mixed')")
     assert rc.hgetall("mixed") == {field.encode(): b"1"}
     assert java.call("t7", "unlock", "mixed") is True
+
+
+# ================================================================ Redisson RReadWriteLock
+
+def rw_timeout_keys(rc, name):
+    return sorted(rc.scan_iter("{%s}:*:rwlock_timeout:*" % name))
+
+
+def test_java_and_sql_readers_share_and_exclude_writers_both_ways(java, sessions, rc):
+    a, b = sessions(), sessions()
+    field = java.call("r1", "hello")
+    assert java.call("r1", "rwlock", "read", "catalog") is True
+    assert a.run("SELECT redis_lock_acquire_read('catalog')") is True
+    assert rc.hget("catalog", "mode") == b"read"
+    assert rc.hget("catalog", field) == b"1"
+    assert len(rw_timeout_keys(rc, "catalog")) == 2          # one per reader
+    # neither side's writer gets in while the other side reads
+    assert b.run("SELECT redis_lock_try_acquire_write('catalog', wait => '100ms')") is False
+    assert java.call("w1", "rwtrylock", "write", "catalog", 100, -1) is False
+    # Java's read unlock leaves SQL's hold and its TTL alone
+    assert java.call("r1", "rwunlock", "read", "catalog") is True
+    assert rc.hget("catalog", "mode") == b"read" and rc.hlen("catalog") == 2
+    assert rc.pttl("catalog") > 0
+    assert java.call("w1", "rwtrylock", "write", "catalog", 100, -1) is False
+    assert a.run("SELECT redis_lock_release_read('catalog')") is True
+    assert rc.exists("catalog") == 0 and rw_timeout_keys(rc, "catalog") == []
+    # a Java writer excludes SQL readers and writers; SQL cannot release it
+    assert java.call("w1", "rwlock", "write", "catalog") is True
+    assert a.run("SELECT redis_lock_try_acquire_read('catalog', wait => '100ms')") is False
+    assert a.run("SELECT redis_lock_try_acquire_write('catalog')") is False
+    assert a.run("SELECT redis_lock_release_write('catalog')") is False
+    assert rc.hget("catalog", "mode") == b"write"
+    assert java.call("w1", "rwunlock", "write", "catalog") is True
+    # and Java cannot release SQL's holds
+    assert a.run("SELECT redis_lock_acquire_write('catalog')") is True
+    with pytest.raises(JavaError, match="IllegalMonitorStateException"):
+        java.call("w1", "rwunlock", "write", "catalog")
+    assert rc.hget("catalog", "mode") == b"write"
+    assert a.run("SELECT redis_lock_release_write('catalog')") is True
+
+
+def test_last_java_read_unlock_wakes_a_sql_writer_and_vice_versa(java, sessions, rc):
+    w, admin = sessions(), sessions()
+    assert java.call("r2", "rwlock", "read", "schema") is True
+    assert java.call("r3", "rwlock", "read", "schema") is True
+    w.start("SELECT redis_lock_acquire_write('schema', wait => '20s')")
+    wait_for_wait_event(admin.conn, w.pid)
+    assert java.call("r2", "rwunlock", "read", "schema") is True
+    time.sleep(0.2)                                            # a window for a wrong grant
+    assert w.thread.is_alive()
+    released = time.monotonic()
+    assert java.call("r3", "rwunlock", "read", "schema") is True   # DEL + PUBLISH 0
+    w.join()
+    assert w.error is None and w.result is True
+    report_latency("Redisson " + java.version, "RReadWriteLock: last Java read unlock -> SQL writer",
+                   w.finished_at - released)
+    assert w.finished_at - released < 0.05
+    # SQL write release -> a Java reader blocked in lock() (PUBLISH 1)
+    waiting = java.send("r2", "rwlock", "read", "schema")
+    wait_for_subscriber(rc, "redisson_rwlock:{schema}")
+    latency = java_waiter_latency(java, waiting, lambda: w.run(
+        "SELECT redis_lock_release_write('schema')"))
+    report_latency("Redisson " + java.version, "RReadWriteLock: SQL write release -> Java reader",
+                   latency)
+    assert latency < 0.05
+    # SQL read release -> a Java writer blocked in lock()
+    assert w.run("SELECT redis_lock_acquire_read('schema')") is True
+    assert java.call("r2", "rwunlock", "read", "schema") is True
+    waiting = java.send("w2", "rwlock", "write", "schema")
+    wait_for_subscriber(rc, "redisson_rwlock:{schema}")
+    latency = java_waiter_latency(java, waiting, lambda: w.run(
+        "SELECT redis_lock_release_read('schema')"))
+    report_latency("Redisson " + java.version, "RReadWriteLock: SQL read release -> Java writer",
+                   latency)
+    assert latency < 0.05
+    # Java write unlock -> a SQL reader
+    w.start("SELECT redis_lock_acquire_read('schema', wait => '20s')")
+    wait_for_wait_event(admin.conn, w.pid)
+    released = time.monotonic()
+    assert java.call("w2", "rwunlock", "write", "schema") is True
+    w.join()
+    assert w.error is None and w.result is True
+    report_latency("Redisson " + java.version, "RReadWriteLock: Java write unlock -> SQL reader",
+                   w.finished_at - released)
+    assert w.finished_at - released < 0.05
+    assert w.run("SELECT redis_lock_release_read('schema')") is True
+
+
+def test_rw_watchdog_renewal_seen_from_both_sides(java, sessions, rc):
+    a = sessions()
+    a.run("SET redis_lock.lease_time = '1500ms'")
+    field = java.call("r4", "hello")
+    assert java.call("r4", "rwlock", "read", "nightly-rw") is True
+    assert a.run("SELECT redis_lock_acquire_read('nightly-rw')") is True
+    keys = rw_timeout_keys(rc, "nightly-rw")
+    (java_key,) = [k for k in keys if field.encode() in k]
+    (sql_key,) = [k for k in keys if k != java_key]
+    # both watchdogs renew their own timeout key, and the hash lives on
+    t_end = time.monotonic() + 3 * WATCHDOG_MS / 1000
+    renewed = {java_key: 0, sql_key: 0}
+    last = {k: rc.pttl(k) for k in renewed}
+    while time.monotonic() < t_end:
+        assert rc.pttl("nightly-rw") > 0
+        for k in renewed:
+            pttl = rc.pttl(k)
+            assert pttl > 0, k
+            renewed[k] += pttl > last[k] + 100
+            last[k] = pttl
+        time.sleep(0.02)
+    assert renewed[java_key] >= 3 and renewed[sql_key] >= 3, renewed
+    assert java.call("w4", "rwtrylock", "write", "nightly-rw", 0, -1) is False
+    assert java.call("r4", "rwunlock", "read", "nightly-rw") is True
+    # SQL alone keeps it past more leases; Java's writer stays out
+    time.sleep(2.0)
+    assert rc.hget("nightly-rw", "mode") == b"read"
+    assert java.call("w4", "rwtrylock", "write", "nightly-rw", 0, -1) is False
+    assert a.run("SELECT redis_lock_release_read('nightly-rw')") is True
+    assert java.call("w4", "rwtrylock", "write", "nightly-rw", 0, -1) is True
+    assert java.call("w4", "rwunlock", "write", "nightly-rw") is True
+
+
+def test_java_downgrade_and_force_unlock_of_a_rw_lock(java, sessions, rc):
+    a, admin = sessions(), sessions()
+    # a Java writer that also reads, then drops the write hold: SQL readers
+    # may join, SQL writers may not
+    assert java.call("w5", "rwlock", "write", "ledger-rw") is True
+    assert java.call("w5", "rwlock", "read", "ledger-rw") is True
+    assert java.call("w5", "rwunlock", "write", "ledger-rw") is True
+    assert rc.hget("ledger-rw", "mode") == b"read"
+    assert a.run("SELECT redis_lock_try_acquire_write('ledger-rw')") is False
+    assert a.run("SELECT redis_lock_acquire_read('ledger-rw')") is True
+    assert java.call("w5", "rwunlock", "read", "ledger-rw") is True
+    assert a.run("SELECT redis_lock_release_read('ledger-rw')") is True
+    assert rc.exists("ledger-rw") == 0
+    # redis_lock_force_release wakes a Java thread blocked on a stuck writer
+    assert java.call("w6", "rwlock", "write", "ledger-rw") is True
+    waiting = java.send("r6", "rwlock", "read", "ledger-rw")
+    wait_for_subscriber(rc, "redisson_rwlock:{ledger-rw}")
+    latency = java_waiter_latency(java, waiting, lambda: admin.run(
+        "SELECT redis_lock_force_release('ledger-rw')"))
+    assert latency < 0.05
+    assert java.call("r6", "rwunlock", "read", "ledger-rw") is True
+    # Java's forceUnlock() of a SQL writer: the session finds its hold lost
+    assert a.run("SELECT redis_lock_acquire_write('ledger-rw', ttl => '30s')") is True
+    assert java.call("w6", "rwforceunlock", "write", "ledger-rw") is True
+    assert a.run("SELECT redis_lock_release_write('ledger-rw')") is False
+    assert any("was lost" in n for n in a.conn.notices), a.conn.notices
 
 
 # ================================================================ Redisson with a replica

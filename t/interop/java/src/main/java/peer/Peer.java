@@ -21,6 +21,9 @@
  * Ops: hello; lock KEY [LEASE_MS]; trylock KEY WAIT_MS LEASE_MS (-1: the
  * watchdog); unlock KEY; forceunlock KEY; held KEY; count KEY; fenced KEY;
  * jlock KEY TTL_MS; jwait KEY TTL_MS RETRY_MS WAIT_MS; junlock KEY; quit.
+ * Read-write locks (RReadWriteLock), MODE = read | write: rwlock MODE KEY
+ * [LEASE_MS]; rwtrylock MODE KEY WAIT_MS LEASE_MS; rwunlock MODE KEY;
+ * rwforceunlock MODE KEY; rwheld MODE KEY.
  */
 package peer;
 
@@ -39,6 +42,8 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 
 import org.redisson.Redisson;
+import org.redisson.api.RLock;
+import org.redisson.api.RReadWriteLock;
 import org.redisson.api.RedissonClient;
 import org.redisson.config.Config;
 
@@ -153,6 +158,24 @@ public final class Peer {
             case "fenced":
                 return redisson.getFencedLock(key).lockAndGetToken();
             // README: end
+            // README: redisson-rwlock
+            case "rwlock":
+                if (f.length > 5)
+                    rwLock(f[3], f[4]).lock(Long.parseLong(f[5]), TimeUnit.MILLISECONDS);
+                else
+                    rwLock(f[3], f[4]).lock();
+                return true;
+            case "rwtrylock":
+                return rwLock(f[3], f[4]).tryLock(Long.parseLong(f[5]), Long.parseLong(f[6]),
+                                                 TimeUnit.MILLISECONDS);
+            case "rwunlock":
+                rwLock(f[3], f[4]).unlock();
+                return true;
+            // README: end
+            case "rwforceunlock":
+                return rwLock(f[3], f[4]).forceUnlock();
+            case "rwheld":
+                return rwLock(f[3], f[4]).isHeldByCurrentThread();
             case "jlock":
                 return jedisLock(key, Long.parseLong(f[4]));
             case "jwait":
@@ -162,6 +185,12 @@ public final class Peer {
             default:
                 throw new IllegalArgumentException("unknown op " + op);
         }
+    }
+
+    /* the read or the write half of the RReadWriteLock named key */
+    private RLock rwLock(String mode, String key) {
+        RReadWriteLock rw = redisson.getReadWriteLock(key);
+        return mode.equals("read") ? rw.readLock() : rw.writeLock();
     }
 
     // ------------------------------------------------------------ Jedis, by hand
