@@ -59,7 +59,15 @@ struct RLStream
 	SSL		   *ssl;			/* NULL: plain TCP */
 	bool		tcp_connected;
 	bool		tls_connected;
-	uint32		tls_wants;		/* WL_SOCKET_* OpenSSL waits for */
+	/*
+	 * What OpenSSL waits for (WL_SOCKET_*), kept apart for the handshake or
+	 * a blocked SSL_write (tls_wants) and a blocked SSL_read
+	 * (tls_read_wants): a read that blocks must not wipe out what a pending
+	 * write waits for.
+	 */
+	uint32		tls_wants;
+	uint32		tls_read_wants;
+	bool		tls_got_data;	/* SSL_read has returned data since connecting */
 	char		label[300];		/* host:port, for the WARNING of tls_verify=none */
 	redisReader *reader;
 	char	   *out;			/* formatted commands not yet written */
@@ -141,6 +149,16 @@ tls_reason(SSL *ssl, const char *what)
 	if (e != 0)
 		return psprintf("%s: OpenSSL error %lu", what, e);
 	return psprintf("%s: %s", what, errno != 0 ? strerror(errno) : "connection closed");
+}
+
+/* Is OpenSSL's first queued error a fatal alert the server sent us? */
+static bool
+tls_alert_received(void)
+{
+	unsigned long e = ERR_peek_error();
+
+	/* OpenSSL reports a received alert as reason SSL_AD_REASON_OFFSET + alert */
+	return ERR_GET_LIB(e) == ERR_LIB_SSL && ERR_GET_REASON(e) >= SSL_AD_REASON_OFFSET;
 }
 
 /* libpq's rule: a private key readable by group or others is refused */
@@ -430,7 +448,10 @@ rl_stream_in_handshake(const RLStream *s)
 	return s->tcp_connected && s->ssl != NULL && !s->tls_connected;
 }
 
-/* What OpenSSL needs from the socket to go on after an SSL_* call */
+/*
+ * What OpenSSL needs from the socket to go on after SSL_do_handshake or
+ * SSL_write (into s->tls_wants)
+ */
 static RLStreamStatus
 tls_would_block(RLStream *s, int ret)
 {
@@ -508,12 +529,17 @@ rl_stream_events(const RLStream *s)
 		return WL_SOCKET_CONNECTED;
 	if (s->ssl != NULL && !s->tls_connected)
 		return s->tls_wants ? s->tls_wants : WL_SOCKET_READABLE;
-	/* SSL_write waiting to read first: readable is all it needs */
-	if (s->tls_wants == WL_SOCKET_READABLE)
-		return WL_SOCKET_READABLE;
-	return WL_SOCKET_READABLE |
-		((rl_stream_has_unsent(s) || s->tls_wants == WL_SOCKET_WRITEABLE) ?
-		 WL_SOCKET_WRITEABLE : 0);
+
+	/*
+	 * Unsent bytes need a writable socket, unless SSL_write is blocked on
+	 * reading: then readable is all that helps it, and asking for writable
+	 * too (a socket that is nearly always writable) would wake the wait at
+	 * once, again and again, until data or the deadline came.
+	 */
+	if ((rl_stream_has_unsent(s) && s->tls_wants != WL_SOCKET_READABLE) ||
+		s->tls_read_wants == WL_SOCKET_WRITEABLE)
+		return WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE;
+	return WL_SOCKET_READABLE;
 }
 
 /* ----------------------------------------------------------------
@@ -584,6 +610,7 @@ rl_stream_write(RLStream *s, bool *progress, RLStreamFailure *failure, char **re
 				*reason = tls_reason(s->ssl, "TLS write failed");
 				return RL_STREAM_FAILED;
 			}
+			/* the write went on: what it waited for is no longer wanted */
 			s->tls_wants = 0;
 		}
 		else
@@ -633,17 +660,44 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 
 		if (s->ssl != NULL)
 		{
+			uint64		before = BIO_number_read(SSL_get_rbio(s->ssl));
+
 			ERR_clear_error();
 			errno = 0;
 			n = SSL_read(s->ssl, buf, sizeof(buf));
+
+			/*
+			 * An SSL_write blocked on reading may have been waiting for the
+			 * bytes this call took from the socket (they can arrive between
+			 * the write's try and this read): let it try again.  Apart
+			 * from this, only the write's own progress clears its want.
+			 */
+			if (s->tls_wants == WL_SOCKET_READABLE &&
+				BIO_number_read(SSL_get_rbio(s->ssl)) != before)
+				s->tls_wants = 0;
 			if (n <= 0)
 			{
 				int			e = SSL_get_error(s->ssl, (int) n);
 
 				if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
 				{
-					s->tls_wants = e == SSL_ERROR_WANT_WRITE ? WL_SOCKET_WRITEABLE : 0;
+					/* the read's own want; a pending write's is kept */
+					s->tls_read_wants = e == SSL_ERROR_WANT_WRITE ? WL_SOCKET_WRITEABLE : 0;
 					return RL_STREAM_DONE;
+				}
+				if (e == SSL_ERROR_SSL && !s->tls_got_data && tls_alert_received())
+				{
+					/*
+					 * TLS 1.3: the client's side of the handshake ends
+					 * before the server has checked the client's
+					 * certificate, so a server that refuses it (missing,
+					 * unknown CA, ...) says so with a fatal alert that only
+					 * the first read sees.  That is a failed handshake,
+					 * with OpenSSL's text of the alert as the reason.
+					 */
+					*failure = RL_STREAM_FAIL_TLS;
+					*reason = tls_reason(s->ssl, "TLS handshake failed");
+					return RL_STREAM_FAILED;
 				}
 				*failure = e == SSL_ERROR_ZERO_RETURN ? RL_STREAM_FAIL_EOF : RL_STREAM_FAIL_IO;
 				*reason = e == SSL_ERROR_ZERO_RETURN ?
@@ -651,6 +705,9 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 					tls_reason(s->ssl, "TLS read failed");
 				return RL_STREAM_FAILED;
 			}
+			/* data: a WANT_WRITE of an earlier read is stale */
+			s->tls_read_wants = 0;
+			s->tls_got_data = true;
 		}
 		else
 		{

@@ -411,15 +411,17 @@ rl_close_all(void)
 }
 
 /*
- * Has an idle command connection bytes (or an EOF) that no command asked
- * for?  Then its replies and our commands are out of step: a reply read next
- * would be taken for the answer to the next command.  Subscriber
- * connections get pushes by design and are not asked.
+ * Has an idle connection bytes (or an EOF) that no command asked for?  On a
+ * command connection its replies and our commands are then out of step: a
+ * reply read next would be taken for the answer to the next command.  With
+ * TLS the waiting records are read first (rl_stream_has_unasked): a TLS 1.3
+ * session ticket or KeyUpdate is not data.  The one rule for an idle socket,
+ * before reuse and while other runs of a batch go on.
  */
 static bool
 has_unasked_bytes(RLConn *conn)
 {
-	return !conn->subscriber && rl_stream_has_unasked(conn->stream);
+	return rl_stream_has_unasked(conn->stream);
 }
 
 static void
@@ -1020,7 +1022,8 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 		 */
 		if (conn->stream != NULL &&
 			(conn->busy || conn->generation != rl_settings_generation ||
-			 (!conn->subscriber && has_unsent(conn)) || has_unasked_bytes(conn)))
+			 /* subscriber connections get pushes by design */
+			 (!conn->subscriber && (has_unsent(conn) || has_unasked_bytes(conn)))))
 			rl_conn_close(conn);
 		queue_run(rc, now);
 		if (!rc->failed && !rc->connecting && !flush_some(rc))
@@ -1132,8 +1135,13 @@ serve_ready(RunConn *runs, const SockWait *sw, TimestampTz now)
 			continue;
 		if (run_done(rc))
 		{
-			/* data or EOF nobody asked for: its state is unknown */
-			rl_conn_close(rc->conn);
+			/*
+			 * Data or EOF nobody asked for: its state is unknown (a
+			 * subscriber's push counts too, as before).  A TLS record that
+			 * is not data (a session ticket) is only read.
+			 */
+			if (rc->conn->stream != NULL && has_unasked_bytes(rc->conn))
+				rl_conn_close(rc->conn);
 			continue;
 		}
 		if (rc->connecting)
@@ -1156,7 +1164,11 @@ serve_ready(RunConn *runs, const SockWait *sw, TimestampTz now)
 			drain_replies(rc);
 			if (!run_done(rc))
 			{
-				run_fail(rc, stream_failure(failure), ERRCODE_CONNECTION_FAILURE, reason);
+				/* a TLS failure here is a server refusing our certificate */
+				run_fail(rc, stream_failure(failure),
+						 failure == RL_STREAM_FAIL_TLS ?
+						 ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION :
+						 ERRCODE_CONNECTION_FAILURE, reason);
 				retry_stale(rc, now);
 			}
 			continue;

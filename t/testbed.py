@@ -217,9 +217,11 @@ class Sentinel(Redis):
 
 
 def create_cluster(nodes, timeout=30):
-    """Join started cluster-enabled Redis instances into one cluster, masters only."""
-    cmd = ["redis-cli", "--cluster", "create"] + ["127.0.0.1:%d" % n.port for n in nodes] + [
-        "--cluster-replicas", "0", "--cluster-yes"]
+    """Join started cluster-enabled Redis instances into one cluster, masters
+    only (over TLS when they are TLSRedis nodes)."""
+    tls = ["--tls", "--cacert", nodes[0].pki.ca] if isinstance(nodes[0], TLSRedis) else []
+    cmd = ["redis-cli"] + tls + ["--cluster", "create"] + [
+        "127.0.0.1:%d" % n.port for n in nodes] + ["--cluster-replicas", "0", "--cluster-yes"]
     subprocess.run(cmd, check=True, timeout=timeout, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
 
@@ -234,11 +236,15 @@ def create_cluster(nodes, timeout=30):
     wait_until(ok, timeout, 0.1, what="cluster_state:ok")
 
 
+def _cluster_args(r):
+    return ["--cluster-enabled", "yes", "--cluster-config-file",
+            os.path.join(r.dir, "nodes.conf"), "--cluster-node-timeout", "3000"]
+
+
 def cluster_node(**kw):
     kw.setdefault("port", free_cluster_port())
     r = Redis(**kw)
-    r.args += ["--cluster-enabled", "yes", "--cluster-config-file",
-               os.path.join(r.dir, "nodes.conf"), "--cluster-node-timeout", "3000"]
+    r.args += _cluster_args(r)
     return r
 
 
@@ -587,3 +593,13 @@ class TLSRedis(Redis):
     @property
     def url(self):
         return "rediss://127.0.0.1:%d/0" % self.port
+
+
+def tls_cluster_node(pki, **kw):
+    """A cluster-enabled redis-server that speaks only TLS: to clients, on
+    the cluster bus and for replication (no plain port at all).  Its
+    certificate, from pki, names 127.0.0.1, the address CLUSTER SLOTS gives."""
+    kw.setdefault("port", free_cluster_port())
+    r = TLSRedis(pki, *pki.make("cluster-%d" % kw["port"]), **kw)
+    r.args += _cluster_args(r) + ["--tls-cluster", "yes", "--tls-replication", "yes"]
+    return r
