@@ -99,6 +99,17 @@ RESET redis_lock.protocol;
 SELECT try($$SELECT redis_lock_acquire('rw')$$);
 SELECT redis_lock_release_read('rw');
 
+-- an exclusive Redisson lock and a read hold have the same owner id as
+-- their hash field: neither ever acts on the other's layout
+SET redis_lock.protocol = 'redisson';
+SELECT redis_lock_acquire('same-owner', ttl => '300ms') > 0 AS got;
+\! while [ "$(redis-cli -p $RL_REDIS_PORT exists same-owner)" = 1 ]; do sleep 0.01; done; echo expired
+SELECT redis_lock_acquire_read('same-owner');
+SELECT redis_lock_release('same-owner');
+\! echo "read-write lock kept: $(redis-cli -p $RL_REDIS_PORT hget same-owner mode)"
+SELECT redis_lock_release_read('same-owner');
+RESET redis_lock.protocol;
+
 -- force release deletes a read-write lock whatever the protocol
 SELECT redis_lock_acquire_write('forced');
 SELECT redis_lock_force_release('forced');

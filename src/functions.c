@@ -130,6 +130,7 @@ mode_datum(RLProtocol protocol)
 	{
 		case RL_PROTOCOL_SIMPLE:
 		case RL_PROTOCOL_REDISSON:
+		case RL_PROTOCOL_REDISSON_FAIR:
 			break;
 		case RL_PROTOCOL_RW_READ:
 			return CStringGetTextDatum("read");

@@ -33,7 +33,11 @@ build_call(RLLockOp *op, RLCall *call, RLConn *conn)
 	switch (op->kind)
 	{
 		case RL_OP_ACQUIRE:
-			rl_call_acquire(call, conn, op->names, op->lease_ms, op->fence);
+			rl_call_acquire(call, conn, op->names, op->lease_ms, op->fence,
+							op->queue_wait_ms);
+			break;
+		case RL_OP_DEQUEUE:
+			rl_call_dequeue(call, conn, op->names, op->queue_wait_ms);
 			break;
 		case RL_OP_EXTEND:
 			rl_call_extend(call, conn, op->names, op->lease_ms);

@@ -26,7 +26,8 @@ typedef enum RLOpKind
 	RL_OP_EXTEND,				/* also verify and renew */
 	RL_OP_RELEASE,
 	RL_OP_FORCE,
-	RL_OP_INSPECT
+	RL_OP_INSPECT,
+	RL_OP_DEQUEUE				/* leave a fair lock's queue */
 } RLOpKind;
 
 typedef struct RLLockOp
@@ -37,6 +38,9 @@ typedef struct RLLockOp
 	const RLLockNames *names;
 	int64		lease_ms;
 	bool		fence;			/* acquire: count a fencing token */
+	int64		queue_wait_ms;	/* redisson_fair acquire: join the queue with
+								 * this wait when busy (0: do not); dequeue:
+								 * the wait it joined with */
 	/* out */
 	int			nodes;
 	int			yes;

@@ -44,6 +44,7 @@
 
 static HTAB *held = NULL;
 static int	ndoubts = 0;		/* entries with zero holds */
+static int	nqueued = 0;		/* entries with queued_ms set */
 static MemoryContext work_cxt = NULL;
 static MemoryContext names_cxt = NULL;	/* the entries' key/channel strings */
 
@@ -280,6 +281,8 @@ entry_remove(RLHeld *e)
 {
 	if (RL_HOLDS(e) == 0)
 		ndoubts--;
+	if (e->queued_ms > 0)
+		nqueued--;				/* its queue entry times out by itself */
 	if (e->registry_slot >= 0)
 		registry_drop(e);
 	free_names(&e->names);
@@ -517,6 +520,8 @@ rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type)
 			 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",
 					n->key, type, rl_protocol_name(n->protocol)),
 			 errdetail("Lock \"%s\" maps to that key; the key was not changed.", name),
+			 RL_PROTOCOL_IS_RW(n->protocol) ?
+			 errhint("A read-write lock cannot share its name with an exclusive lock: check redis_lock.key_prefix, or use another lock name.") :
 			 errhint("Check redis_lock.protocol and redis_lock.key_prefix, or use another lock name.")));
 }
 
@@ -708,6 +713,43 @@ clean_dirty_subs(void)
 }
 
 /*
+ * Take every queued entry out of its fair lock's queue, in one round trip
+ * per node, never raising and with interrupts held (it also runs at
+ * transaction abort and backend exit, after a cancelled wait).  Whatever
+ * the answer, the entries count as out: an entry left behind in Redis ends
+ * at its queue time, and waiters behind it go on.
+ */
+static void
+leave_queues(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+	RLLockOp   *ops;
+	int			n = 0;
+
+	if (nqueued <= 0 || held == NULL)
+		return;
+	ops = palloc(sizeof(RLLockOp) * nqueued);
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (e->queued_ms == 0)
+			continue;
+		if (n < nqueued)
+		{
+			op_init(&ops[n], RL_OP_DEQUEUE, e, e->lease_ms);
+			ops[n++].queue_wait_ms = e->queued_ms;
+		}
+		e->queued_ms = 0;
+	}
+	nqueued = 0;
+	HOLD_INTERRUPTS();
+	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
+	RESUME_INTERRUPTS();
+	pfree(ops);
+}
+
+/*
  * Report lost locks the watchdog found since the last call.  Scanning the
  * table only when the shared lost-event counter moved keeps this O(1) per
  * call however many locks the session holds.
@@ -746,6 +788,8 @@ rl_safe_point(void)
 	ensure_table();
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
+	if (nqueued > 0)
+		leave_queues();
 	if (ndoubts > 0)
 		settle_doubts();
 	report_lost();
@@ -763,11 +807,15 @@ typedef enum AcqOutcome
 	ACQ_UNDECIDED				/* no majority answered */
 } AcqOutcome;
 
-/* One acquire round on the entry's node(s) */
+/*
+ * One acquire round on the entry's node(s).  Under redisson_fair a busy lock
+ * puts us in its queue when the entry is queued (e->queued_ms: our wait).
+ */
 static AcqOutcome
 attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
 {
 	op_init(op, RL_OP_ACQUIRE, e, lease_ms);
+	op->queue_wait_ms = e->queued_ms;
 	e->expires_at = doubt_horizon(lease_ms);
 	rl_lock_ops_run(op, 1, RL_RUN_HARD);
 	if (op->wrongtype != NULL)
@@ -843,12 +891,20 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 	AcqOutcome	outcome = ACQ_BUSY;
 	int			i;
 
+	const char *channel = rl_wait_channel(&e->names);
+
 	rl_stats_add(RL_STAT_WAITS, 1);
 	nsubs = rl_target_nodes_or_raise(e->target, e->names.key, e->names.keylen,
 									  subs, true);
 	for (i = 0; i < nsubs && ndirty_subs < (int) lengthof(dirty_subs); i++)
 		dirty_subs[ndirty_subs++] = subs[i];
-	rl_subscribe(subs, nsubs, sub, e->names.channel, rl_command_timeout_ms);
+	rl_subscribe(subs, nsubs, sub, channel, rl_command_timeout_ms);
+	/* a fair lock's waiter joins its queue; it leaves it however it stops */
+	if (e->names.protocol == RL_PROTOCOL_REDISSON_FAIR && e->queued_ms == 0)
+	{
+		e->queued_ms = wait_ms;
+		nqueued++;
+	}
 
 	for (;;)
 	{
@@ -882,11 +938,22 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
 		if (sleep_ms < 1)
 			sleep_ms = 1;
-		rl_wait_for_message(subs, nsubs, e->names.channel, sleep_ms);
+		rl_wait_for_message(subs, nsubs, channel, sleep_ms);
 	}
 
-	rl_unsubscribe_async(subs, nsubs, unsub, e->names.channel);
+	rl_unsubscribe_async(subs, nsubs, unsub, channel);
 	ndirty_subs = 0;
+	if (e->queued_ms > 0)
+	{
+		if (outcome == ACQ_GOT)
+		{
+			/* the grant took us out of the queue */
+			e->queued_ms = 0;
+			nqueued--;
+		}
+		else
+			leave_queues();
+	}
 	rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
 	return outcome;
 }
@@ -1025,18 +1092,40 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 	}
 }
 
-/* Read-write locks on independent masters are not supported */
+/*
+ * Refuse what a layout cannot do where the settings point: read-write and
+ * fair locks on independent masters (their sharing and queues have no
+ * majority rule), and on a Cluster the names whose companion keys would
+ * fall in other hash slots.
+ */
 static void
-refuse_rw_on_redlock(RLLockMode mode, const char *name)
+refuse_unsupported_layout(RLLockMode mode, const char *name)
 {
-	if (mode != RL_MODE_EXCLUSIVE &&
-		rl_current_target()->kind == RL_TOPO_REDLOCK)
+	RLProtocol	protocol = mode_protocol(mode);
+	RLTopologyKind kind = rl_current_target()->kind;
+
+	if (protocol != RL_PROTOCOL_SIMPLE && protocol != RL_PROTOCOL_REDISSON &&
+		kind == RL_TOPO_REDLOCK)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("read-write Redis locks are not supported on several independent masters"),
-				 errdetail("Lock \"%s\" would be a read-write lock, and redis_lock.nodes is set.",
-						   name),
-				 errhint("Use an exclusive lock (redis_lock_acquire), or one Redis, Sentinel or Cluster.")));
+				 errmsg("Redis lock layout \"%s\" is not supported on several independent masters",
+						rl_protocol_name(protocol)),
+				 errdetail("Lock \"%s\" would use it, and redis_lock.nodes is set.", name),
+				 errhint("Use protocol simple or redisson there, or one Redis, Sentinel or Cluster.")));
+	if (kind == RL_TOPO_CLUSTER)
+	{
+		char	   *key = psprintf("%s%s", rl_key_prefix ? rl_key_prefix : "", name);
+
+		if (rl_key_splits_slots(protocol, key))
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("Redis lock \"%s\" cannot use layout \"%s\" on a Redis Cluster",
+							name, rl_protocol_name(protocol)),
+					 errdetail("Its key \"%s\" has a \"{\" without a complete hash tag, so the keys Redisson's naming puts beside it would fall in other hash slots.",
+							   key),
+					 errhint("Use a name without \"{\", or with a complete hash tag such as \"{tag}\".")));
+		pfree(key);
+	}
 }
 
 /*
@@ -1058,7 +1147,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 
 	*obtained = false;
 	rl_safe_point();
-	refuse_rw_on_redlock(mode, name);
+	refuse_unsupported_layout(mode, name);
 
 	e = entry_find(mode, name);
 	if (e != NULL && RL_HOLDS(e) > 0)
@@ -1448,6 +1537,8 @@ end_of_xact(void)
 	release_soft(ents, n, warn_for_all(n));
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
+	/* a wait cut short by an error leaves its fair queue now */
+	leave_queues();
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
 	maybe_shrink();
@@ -1498,6 +1589,14 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 {
 	int			i;
 
+	if (event == SUBXACT_EVENT_ABORT_SUB && nqueued > 0)
+	{
+		MemoryContext old = MemoryContextSwitchTo(work_cxt);
+
+		leave_queues();
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(work_cxt);
+	}
 	if (xact_log_len == 0)
 		return;
 	if (event == SUBXACT_EVENT_COMMIT_SUB)
@@ -1564,6 +1663,7 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	 */
 	rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_EXIT_TIMEOUT_MS);
 	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_EXIT_TIMEOUT_MS);
+	leave_queues();
 	release_soft(ents, n, NULL);
 
 	/* what could not be released goes to the watchdog worker */

@@ -51,6 +51,8 @@ typedef struct RLHeld
 	uint64		lost_reported_at;	/* call that last warned about it */
 	TimestampTz acquired_at;
 	TimestampTz expires_at;		/* doubt: nothing can exist after this */
+	int64		queued_ms;		/* redisson_fair: may be in the lock's wait
+								 * queue, joined with this wait; 0: not */
 	int			registry_slot;	/* watchdog registry slot, -1 if none */
 } RLHeld;
 

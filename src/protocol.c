@@ -119,27 +119,139 @@ static const char *redisson_acquire_lua =
 "end\n"
 "return {0, redis.call('pttl', KEYS[1]), 1}\n";
 
-/* redisson, release.  KEYS: lock.  ARGV: field, publish command, channel. */
+/*
+ * redisson_fair, acquire (RFairLock layout; README, "Fair locks").  KEYS:
+ * lock, token counter, queue (list of waiting owners), timeout set (owner ->
+ * the time in ms after which that waiter counts as gone).  ARGV: lease ms,
+ * field, fence flag, wait ms of this waiter, now (Unix ms, our clock, as
+ * Redisson uses its client's), "1" to join the queue when busy.
+ *
+ * Queue heads whose time has passed leave first.  The lock is granted when
+ * it is free and the queue is empty or we are its head; we then leave the
+ * queue and every later waiter's time moves up by our wait.  When busy, a
+ * waiter joins the tail (once) with a time after the previous waiter's.
+ * Reentrancy is counted in the backend, as for "redisson".
+ */
+static const char *fair_acquire_lua =
+"local function fence()\n"
+"  if ARGV[3] ~= '1' then return 0 end\n"
+"  return redis.call('incr', KEYS[2])\n"
+"end\n"
+"local now = tonumber(ARGV[5])\n"
+"while true do\n"
+"  local head = redis.call('lindex', KEYS[3], 0)\n"
+"  if not head then break end\n"
+"  local gone = redis.call('zscore', KEYS[4], head)\n"
+"  if not gone or tonumber(gone) > now then break end\n"
+"  redis.call('zrem', KEYS[4], head)\n"
+"  redis.call('lpop', KEYS[3])\n"
+"end\n"
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'none' and t ~= 'hash' then return {-1, t} end\n"
+"if t == 'hash' and redis.call('hexists', KEYS[1], 'mode') == 1 then\n"
+"  return {-1, 'read-write lock'}\n"
+"end\n"
+"if t == 'none' then\n"
+"  local head = redis.call('lindex', KEYS[3], 0)\n"
+"  if not head or head == ARGV[2] then\n"
+"    redis.call('lpop', KEYS[3])\n"
+"    redis.call('zrem', KEYS[4], ARGV[2])\n"
+"    for _, w in ipairs(redis.call('zrange', KEYS[4], 0, -1)) do\n"
+"      redis.call('zincrby', KEYS[4], -tonumber(ARGV[4]), w)\n"
+"    end\n"
+"    redis.call('hset', KEYS[1], ARGV[2], 1)\n"
+"    redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"    return {1, fence()}\n"
+"  end\n"
+"elseif redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, fence()}\n"
+"end\n"
+"local p = redis.call('pttl', KEYS[1])\n"
+"if ARGV[6] ~= '1' or redis.call('zscore', KEYS[4], ARGV[2]) then\n"
+"  return {0, p, 1}\n"
+"end\n"
+"local last = redis.call('lindex', KEYS[3], -1)\n"
+"local ahead = p\n"
+"if last and last ~= ARGV[2] and redis.call('zscore', KEYS[4], last) then\n"
+"  ahead = tonumber(redis.call('zscore', KEYS[4], last)) - now\n"
+"end\n"
+"redis.call('zadd', KEYS[4], ahead + tonumber(ARGV[4]) + now, ARGV[2])\n"
+"redis.call('rpush', KEYS[3], ARGV[2])\n"
+"return {0, p, 1}\n";
+
+/*
+ * redisson_fair, release.  KEYS: lock, queue, timeout set.  ARGV: field,
+ * publish command, lock channel, now (Unix ms).  Only the next live waiter
+ * is woken, on its own channel "<lock channel>:<owner>".
+ */
+static const char *fair_release_lua =
+"local now = tonumber(ARGV[4])\n"
+"while true do\n"
+"  local head = redis.call('lindex', KEYS[2], 0)\n"
+"  if not head then break end\n"
+"  local gone = redis.call('zscore', KEYS[3], head)\n"
+"  if not gone or tonumber(gone) > now then break end\n"
+"  redis.call('zrem', KEYS[3], head)\n"
+"  redis.call('lpop', KEYS[2])\n"
+"end\n"
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
+"redis.call('del', KEYS[1])\n"
+"local nx = redis.call('lindex', KEYS[2], 0)\n"
+"if nx then redis.call(ARGV[2], ARGV[3] .. ':' .. nx, '0') end\n"
+"return 1\n";
+
+/*
+ * redisson_fair, leave the queue (a waiter that gives up).  KEYS: lock,
+ * queue, timeout set.  ARGV: field, wait ms it joined with, publish command,
+ * lock channel.  Later waiters' times move up by that wait, as Redisson's
+ * own give-up does; if the lock is free, the new head is woken.
+ */
+static const char *fair_dequeue_lua =
+"local q = redis.call('lrange', KEYS[2], 0, -1)\n"
+"local i = 1\n"
+"while i <= #q and q[i] ~= ARGV[1] do i = i + 1 end\n"
+"for j = i + 1, #q do\n"
+"  redis.call('zincrby', KEYS[3], -tonumber(ARGV[2]), q[j])\n"
+"end\n"
+"redis.call('zrem', KEYS[3], ARGV[1])\n"
+"redis.call('lrem', KEYS[2], 0, ARGV[1])\n"
+"if i == 1 and redis.call('exists', KEYS[1]) == 0 then\n"
+"  local nx = redis.call('lindex', KEYS[2], 0)\n"
+"  if nx then redis.call(ARGV[3], ARGV[4] .. ':' .. nx, '0') end\n"
+"end\n"
+"return 1\n";
+
+/*
+ * redisson, release.  KEYS: lock.  ARGV: field, publish command, channel.
+ * A read-write lock hash is never ours, even where our field is in it (a
+ * read hold's field is the same owner id).
+ */
 static const char *redisson_release_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
 "redis.call('del', KEYS[1])\n"
 "redis.call(ARGV[2], ARGV[3], '0')\n"
 "return 1\n";
 
-/* redisson, extend / renew (Redisson's watchdog check).  ARGV: field, ms. */
+/*
+ * redisson and redisson_fair, extend / renew (Redisson's watchdog check).
+ * ARGV: field, ms.  Not a read-write lock hash (see the release).
+ */
 static const char *redisson_extend_lua =
-"if redis.pcall('hexists', KEYS[1], ARGV[1]) == 1 then\n"
-"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
-"  return 1\n"
-"end\n"
-"return 0\n";
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
+"redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"return 1\n";
 
 /*
  * Force release, every layout.  KEYS: lock.  ARGV: publish command,
- * expected type, channel, read-write lock channel.  A key of another type is
- * never deleted.  A read-write lock (a hash with a "mode" field) is deleted
- * whatever the protocol, and its waiters are all woken ("1"), as Redisson's
- * forceUnlock of a write lock does.
+ * expected type, channel, read-write lock channel, fair queue ("": none).
+ * A key of another type is never deleted.  A read-write lock (a hash with a
+ * "mode" field) is deleted whatever the protocol, and its waiters are all
+ * woken ("1"), as Redisson's forceUnlock of a write lock does.  Under
+ * redisson_fair the head of the queue is woken on its own channel.
  */
 static const char *force_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
@@ -151,7 +263,12 @@ static const char *force_lua =
 "end\n"
 "if t ~= ARGV[2] then return {-1, t} end\n"
 "redis.call('del', KEYS[1])\n"
-"redis.call(ARGV[1], ARGV[3], '0')\n"
+"if ARGV[5] == '' then\n"
+"  redis.call(ARGV[1], ARGV[3], '0')\n"
+"else\n"
+"  local nx = redis.call('lindex', ARGV[5], 0)\n"
+"  if nx then redis.call(ARGV[1], ARGV[3] .. ':' .. nx, '0') end\n"
+"end\n"
 "return 1\n";
 
 /*
@@ -213,6 +330,7 @@ static const char *rw_read_acquire_lua =
  */
 static const char *rw_read_release_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
 "redis.call('hdel', KEYS[1], ARGV[1])\n"
 "redis.call('del', KEYS[2])\n"
 "if redis.call('hlen', KEYS[1]) > 1 then\n"
@@ -238,6 +356,7 @@ static const char *rw_read_release_lua =
 /* read, extend / renew.  KEYS: lock, our read timeout key.  ARGV: field, ms. */
 static const char *rw_read_extend_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
 "redis.call('set', KEYS[2], 1, 'PX', ARGV[2])\n"
 "if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then\n"
 "  redis.call('pexpire', KEYS[1], ARGV[2])\n"
@@ -272,6 +391,7 @@ static const char *rw_write_acquire_lua =
  */
 static const char *rw_write_release_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
 "redis.call('hdel', KEYS[1], ARGV[1])\n"
 "if redis.call('hlen', KEYS[1]) <= 1 then\n"
 "  redis.call('del', KEYS[1])\n"
@@ -281,10 +401,17 @@ static const char *rw_write_release_lua =
 "redis.call(ARGV[2], ARGV[3], '1')\n"
 "return 1\n";
 
-/* write, extend / renew (Redisson's watchdog check).  ARGV: field, ms. */
+/*
+ * write, extend / renew.  ARGV: field, ms.  Unlike Redisson's renewal it
+ * never shortens the hash's TTL: read holds of our own (a downgrade) may
+ * need it longer.
+ */
 static const char *rw_write_extend_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
-"redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
+"if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"end\n"
 "return 1\n";
 
 typedef struct RLScript
@@ -349,6 +476,9 @@ rl_scripts_init(void)
 		[RL_SCRIPT_REDISSON_ACQUIRE] = {"redisson acquire", redisson_acquire_lua},
 		[RL_SCRIPT_REDISSON_RELEASE] = {"redisson release", redisson_release_lua},
 		[RL_SCRIPT_REDISSON_EXTEND] = {"redisson extend", redisson_extend_lua},
+		[RL_SCRIPT_FAIR_ACQUIRE] = {"fair acquire", fair_acquire_lua},
+		[RL_SCRIPT_FAIR_RELEASE] = {"fair release", fair_release_lua},
+		[RL_SCRIPT_FAIR_DEQUEUE] = {"fair dequeue", fair_dequeue_lua},
 		[RL_SCRIPT_RW_READ_ACQUIRE] = {"read-write lock read acquire", rw_read_acquire_lua},
 		[RL_SCRIPT_RW_READ_RELEASE] = {"read-write lock read release", rw_read_release_lua},
 		[RL_SCRIPT_RW_READ_EXTEND] = {"read-write lock read extend", rw_read_extend_lua},
@@ -469,6 +599,56 @@ rw_timeout_prefix(const char *key)
 	return psprintf("{%s}", key);
 }
 
+/*
+ * Would the keys Redisson's naming puts beside this key (fence counter,
+ * fair queue, read timeout keys) fall in other Cluster hash slots?  They do
+ * when the key has a "{" but no complete hash tag: the names then hash
+ * whole.  The simple layout chooses its own counter name, and a write hold
+ * touches one key.
+ */
+bool
+rl_key_splits_slots(RLProtocol protocol, const char *key)
+{
+	if (protocol == RL_PROTOCOL_SIMPLE || protocol == RL_PROTOCOL_RW_WRITE)
+		return false;
+	return strchr(key, '{') != NULL && !has_hash_tag(key, strlen(key));
+}
+
+/* A fair lock's queue (a list of owners) and timeout set */
+static char *
+fair_queue_key(const RLLockNames *n)
+{
+	return redisson_prefix_name("redisson_lock_queue", n->key);
+}
+
+static char *
+fair_timeout_key(const RLLockNames *n)
+{
+	return redisson_prefix_name("redisson_lock_timeout", n->key);
+}
+
+/* Now as Unix milliseconds: the clock fair-lock waiters' times are kept in */
+static char *
+unix_ms_text(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	return psprintf(INT64_FORMAT, now / 1000 +
+					(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000);
+}
+
+/*
+ * The channel a waiter for this lock listens on: the lock's, or under
+ * redisson_fair the waiter's own "<lock channel>:<owner>".
+ */
+char *
+rl_wait_channel(const RLLockNames *n)
+{
+	if (n->protocol == RL_PROTOCOL_REDISSON_FAIR)
+		return psprintf("%s:%s", n->channel, n->owner);
+	return n->channel;
+}
+
 /* The timeout key of our one read hold: count 1, so suffix ":1" */
 static char *
 rw_read_timeout_key(const RLLockNames *n)
@@ -493,7 +673,7 @@ rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	names->keylen = strlen(key);
 	names->owner[0] = '\0';
 
-	if (protocol == RL_PROTOCOL_REDISSON)
+	if (protocol == RL_PROTOCOL_REDISSON || protocol == RL_PROTOCOL_REDISSON_FAIR)
 	{
 		names->channel = redisson_prefix_name("redisson_lock__channel", names->key);
 		names->fence_key = redisson_prefix_name("redisson_lock_token", names->key);
@@ -758,12 +938,22 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
  */
 void
 rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
-				bool fence)
+				bool fence, int64 queue_wait_ms)
 {
 	const char *keys[2] = {n->key, n->fence_key};
 	const char *f = fence ? "1" : "0";
 
-	if (n->protocol == RL_PROTOCOL_REDISSON)
+	if (n->protocol == RL_PROTOCOL_REDISSON_FAIR)
+	{
+		const char *fkeys[4] = {n->key, n->fence_key, fair_queue_key(n),
+		fair_timeout_key(n)};
+		const char *args[6] = {ms_text(lease_ms), n->owner, f,
+			ms_text(queue_wait_ms), unix_ms_text(),
+		queue_wait_ms > 0 ? "1" : "0"};
+
+		rl_script_call(call, conn, RL_SCRIPT_FAIR_ACQUIRE, 4, fkeys, 6, args);
+	}
+	else if (n->protocol == RL_PROTOCOL_REDISSON)
 	{
 		const char *args[3] = {ms_text(lease_ms), n->owner, f};
 
@@ -809,6 +999,15 @@ rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 		case RL_PROTOCOL_REDISSON:
 			rl_script_call(call, conn, RL_SCRIPT_REDISSON_RELEASE, 1, keys, 3, args);
 			break;
+		case RL_PROTOCOL_REDISSON_FAIR:
+			{
+				const char *fkeys[3] = {n->key, fair_queue_key(n),
+				fair_timeout_key(n)};
+
+				args[3] = unix_ms_text();
+				rl_script_call(call, conn, RL_SCRIPT_FAIR_RELEASE, 3, fkeys, 4, args);
+			}
+			break;
 		case RL_PROTOCOL_RW_READ:
 			keys[1] = rw_read_timeout_key(n);
 			args[3] = rw_timeout_prefix(n->key);
@@ -836,6 +1035,7 @@ rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
 			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_EXTEND, 1, keys, 2, args);
 			break;
 		case RL_PROTOCOL_REDISSON:
+		case RL_PROTOCOL_REDISSON_FAIR:
 			rl_script_call(call, conn, RL_SCRIPT_REDISSON_EXTEND, 1, keys, 2, args);
 			break;
 		case RL_PROTOCOL_RW_READ:
@@ -856,12 +1056,29 @@ void
 rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
 	const char *keys[1] = {n->key};
-	const char *args[4] = {publish_cmd(),
+	const char *args[5] = {publish_cmd(),
 		n->protocol == RL_PROTOCOL_SIMPLE ? "string" : "hash",
 		n->channel,
-	redisson_prefix_name("redisson_rwlock", n->key)};
+		redisson_prefix_name("redisson_rwlock", n->key),
+	n->protocol == RL_PROTOCOL_REDISSON_FAIR ? fair_queue_key(n) : ""};
 
-	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 4, args);
+	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 5, args);
+}
+
+/*
+ * Leave a fair lock's queue (a waiter that gives up); queue_wait_ms is the
+ * wait it joined with.
+ */
+void
+rl_call_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
+				int64 queue_wait_ms)
+{
+	const char *keys[3] = {n->key, fair_queue_key(n), fair_timeout_key(n)};
+	const char *args[4] = {n->owner, ms_text(queue_wait_ms), publish_cmd(),
+	n->channel};
+
+	Assert(n->protocol == RL_PROTOCOL_REDISSON_FAIR);
+	rl_script_call(call, conn, RL_SCRIPT_FAIR_DEQUEUE, 3, keys, 4, args);
 }
 
 /* Set call up as the inspect script: the key's type, pttl and holder(s) */

@@ -23,6 +23,9 @@ typedef enum RLScriptId
 	RL_SCRIPT_REDISSON_ACQUIRE,
 	RL_SCRIPT_REDISSON_RELEASE,
 	RL_SCRIPT_REDISSON_EXTEND,
+	RL_SCRIPT_FAIR_ACQUIRE,
+	RL_SCRIPT_FAIR_RELEASE,
+	RL_SCRIPT_FAIR_DEQUEUE,
 	RL_SCRIPT_RW_READ_ACQUIRE,
 	RL_SCRIPT_RW_READ_RELEASE,
 	RL_SCRIPT_RW_READ_EXTEND,
@@ -81,7 +84,11 @@ extern void rl_script_run(RLCall *calls, int ncalls, RLRunMode mode);
 extern char *rl_call_command_name(RLCall *call);
 
 extern void rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n,
-							int64 lease_ms, bool fence);
+							int64 lease_ms, bool fence, int64 queue_wait_ms);
+extern void rl_call_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
+							int64 queue_wait_ms);
+extern char *rl_wait_channel(const RLLockNames *n);
+extern bool rl_key_splits_slots(RLProtocol protocol, const char *key);
 extern void rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n,
 						   int64 lease_ms);

@@ -59,6 +59,7 @@ static const struct config_enum_entry tls_verify_options[] = {
 static const struct config_enum_entry protocol_options[] = {
 	{"simple", RL_PROTOCOL_SIMPLE, false},
 	{"redisson", RL_PROTOCOL_REDISSON, false},
+	{"redisson_fair", RL_PROTOCOL_REDISSON_FAIR, false},
 	{NULL, 0, false}
 };
 
@@ -72,6 +73,8 @@ rl_protocol_name(RLProtocol p)
 			break;
 		case RL_PROTOCOL_REDISSON:
 			return "redisson";
+		case RL_PROTOCOL_REDISSON_FAIR:
+			return "redisson_fair";
 		case RL_PROTOCOL_RW_READ:
 		case RL_PROTOCOL_RW_WRITE:
 			return "redisson_rwlock";
@@ -436,7 +439,7 @@ rl_define_settings(void)
 							NULL, NULL, NULL);
 
 	DefineCustomEnumVariable("redis_lock.protocol",
-							 "Layout of locks in Redis: simple (SET NX PX) or redisson (RLock hash).",
+							 "Layout of exclusive locks in Redis: simple (SET NX PX), redisson (RLock hash) or redisson_fair (RFairLock: first come, first served).",
 							 NULL,
 							 &rl_protocol,
 							 RL_PROTOCOL_SIMPLE,

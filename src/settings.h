@@ -17,14 +17,16 @@
 #include "stats.h"
 
 /*
- * Wire layout of one lock.  redis_lock.protocol chooses between the first
- * two for exclusive locks; the read and the write hold of a read-write lock
- * always use Redisson's RReadWriteLock layout, whatever that setting says.
+ * Wire layout of one lock.  redis_lock.protocol chooses among the first
+ * three for exclusive locks; the read and the write hold of a read-write
+ * lock always use Redisson's RReadWriteLock layout, whatever that setting
+ * says.
  */
 typedef enum RLProtocol
 {
 	RL_PROTOCOL_SIMPLE,
 	RL_PROTOCOL_REDISSON,
+	RL_PROTOCOL_REDISSON_FAIR,
 	RL_PROTOCOL_RW_READ,
 	RL_PROTOCOL_RW_WRITE
 } RLProtocol;

@@ -31,7 +31,7 @@ typedef struct RLConn RLConn;
 /* Defined by topology.h; a call only carries it for the layer above */
 typedef struct RLTarget RLTarget;
 
-#define RL_MAX_ARGS 12
+#define RL_MAX_ARGS 16
 
 /*
  * Why a call got no reply.  Each kind has one fixed message naming the

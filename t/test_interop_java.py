@@ -352,6 +352,94 @@ def test_java_downgrade_and_force_unlock_of_a_rw_lock(java, sessions, rc):
     assert any("was lost" in n for n in a.conn.notices), a.conn.notices
 
 
+# ================================================================ Redisson RFairLock
+
+def test_a_mixed_queue_of_java_threads_and_sql_sessions_is_served_in_arrival_order(
+        java, sessions, rc):
+    """Holder: a Java thread.  Then, in this order, a SQL session, a Java
+    thread, a SQL session, a Java thread queue up.  Each release must grant
+    exactly the next arrival, SQL or Java, woken on its own channel."""
+    admin = sessions()
+    a, b = sessions(), sessions()
+    for s in (a, b):
+        s.run("SET redis_lock.protocol = 'redisson_fair'")
+    queue = "redisson_lock_queue:{fair-mix}"
+
+    def queued(n):
+        testbed.wait_until(lambda: rc.llen(queue) == n, 10, what="%d waiters queued" % n)
+
+    assert java.call("f0", "fairlock", "fair-mix") is True
+    a.start("SELECT redis_lock_acquire('fair-mix', wait => '30s') > 0")
+    queued(1)
+    j1 = java.send("f1", "fairlock", "fair-mix")
+    queued(2)
+    b.start("SELECT redis_lock_acquire('fair-mix', wait => '30s') > 0")
+    queued(3)
+    j2 = java.send("f2", "fairlock", "fair-mix")
+    queued(4)
+    arrivals = ["sql a", "java f1", "sql b", "java f2"]
+    granted = []
+
+    def still_waiting():
+        """Who has not been granted yet (a Java answer read by
+        java_waiter_latency is no longer pending, so granted counts too)."""
+        return ({"sql a"} if a.thread.is_alive() else set()) | \
+               ({"sql b"} if b.thread.is_alive() else set()) | \
+               ({"java f1"} if not java.done(j1) and "java f1" not in granted else set()) | \
+               ({"java f2"} if not java.done(j2) and "java f2" not in granted else set())
+
+    # Java unlock -> SQL a
+    released = time.monotonic()
+    assert java.call("f0", "fairunlock", "fair-mix") is True
+    a.join()
+    assert a.error is None and a.result is True
+    granted.append("sql a")
+    report_latency("Redisson " + java.version, "RFairLock: Java unlock -> next SQL waiter",
+                   a.finished_at - released)
+    assert a.finished_at - released < 0.05
+    assert still_waiting() == {"java f1", "sql b", "java f2"}
+    # SQL release -> Java f1
+    latency = java_waiter_latency(java, j1, lambda: a.run("SELECT redis_lock_release('fair-mix')"))
+    granted.append("java f1")
+    report_latency("Redisson " + java.version, "RFairLock: SQL release -> next Java waiter", latency)
+    assert latency < 0.05
+    assert still_waiting() == {"sql b", "java f2"}
+    # Java unlock -> SQL b
+    assert java.call("f1", "fairunlock", "fair-mix") is True
+    b.join()
+    assert b.error is None and b.result is True
+    granted.append("sql b")
+    assert still_waiting() == {"java f2"}
+    # SQL release -> Java f2
+    java_waiter_latency(java, j2, lambda: b.run("SELECT redis_lock_release('fair-mix')"))
+    granted.append("java f2")
+    assert granted == arrivals
+    assert java.call("f2", "fairunlock", "fair-mix") is True
+    assert rc.exists("fair-mix", queue, "redisson_lock_timeout:{fair-mix}") == 0
+
+
+def test_a_sql_waiter_that_gives_up_does_not_hold_up_java_threads_behind_it(java, sessions, rc):
+    admin, a = sessions(), sessions()
+    a.run("SET redis_lock.protocol = 'redisson_fair'")
+    queue = "redisson_lock_queue:{fair-quit}"
+    assert java.call("g0", "fairlock", "fair-quit") is True
+    a.start("SELECT redis_lock_acquire('fair-quit', wait => '30s') > 0")
+    testbed.wait_until(lambda: rc.llen(queue) == 1, 10, what="SQL queued")
+    waiting = java.send("g1", "fairlock", "fair-quit")
+    testbed.wait_until(lambda: rc.llen(queue) == 2, 10, what="Java queued")
+    assert admin.run("SELECT pg_cancel_backend(%s)", (a.pid,)) is True
+    a.join()
+    assert isinstance(a.error, psycopg2.errors.QueryCanceled)
+    testbed.wait_until(lambda: rc.llen(queue) == 1, 1, what="the SQL waiter to leave")
+    # the Java thread, now at the head, gets the lock on release at once
+    assert not java.done(waiting)
+    t0 = time.time()
+    assert java.call("g0", "fairunlock", "fair-quit") is True
+    got, at = java.result(waiting)
+    assert got is True and at - t0 < 0.1
+    assert java.call("g1", "fairunlock", "fair-quit") is True
+
+
 # ================================================================ Redisson with a replica
 
 @pytest.fixture

@@ -139,3 +139,23 @@ def test_backend_exit_releases_read_and_write_holds(sessions, rc):
     testbed.wait_until(lambda: rc.exists("exit2") == 0, 5, what="exit2 released")
     assert timeout_keys(rc, "exit1") == []
     assert b.run("SELECT redis_lock_release_write('exit1')") is True
+
+
+def test_renewing_a_write_hold_never_shortens_a_longer_read_of_its_own(sessions, rc):
+    """A downgrade: the writer's watchdog lease is 1.5 s, its own read hold
+    has a 60 s ttl.  Renewals of the write hold must not cut the hash's TTL
+    below what the read needs (Redisson's own renewal would)."""
+    a, admin = sessions(), sessions()
+    a.run("SET redis_lock.lease_time = '1500ms'")
+    assert a.run("SELECT redis_lock_acquire_write('dg')") is True
+    assert a.run("SELECT redis_lock_acquire_read('dg', ttl => '60s')") is True
+    first = admin.run("SELECT last_renewed_at FROM redis_lock_locks "
+                      "WHERE lock_name = 'dg' AND mode = 'write'")
+    testbed.wait_until(lambda: admin.run(
+        "SELECT last_renewed_at > %s FROM redis_lock_locks "
+        "WHERE lock_name = 'dg' AND mode = 'write'", (first,)), 5,
+        what="a renewal of the write hold")
+    assert rc.pttl("dg") > 50000
+    assert a.run("SELECT redis_lock_release_write('dg')") is True
+    assert rc.hget("dg", "mode") == b"read" and rc.pttl("dg") > 50000
+    assert a.run("SELECT redis_lock_release_read('dg')") is True

@@ -24,6 +24,8 @@
  * Read-write locks (RReadWriteLock), MODE = read | write: rwlock MODE KEY
  * [LEASE_MS]; rwtrylock MODE KEY WAIT_MS LEASE_MS; rwunlock MODE KEY;
  * rwforceunlock MODE KEY; rwheld MODE KEY.
+ * Fair locks (RFairLock): fairlock KEY [LEASE_MS]; fairtrylock KEY WAIT_MS
+ * LEASE_MS; fairunlock KEY.
  */
 package peer;
 
@@ -170,6 +172,20 @@ public final class Peer {
                                                  TimeUnit.MILLISECONDS);
             case "rwunlock":
                 rwLock(f[3], f[4]).unlock();
+                return true;
+            // README: end
+            // README: redisson-fairlock
+            case "fairlock":
+                if (f.length > 4)
+                    redisson.getFairLock(key).lock(Long.parseLong(f[4]), TimeUnit.MILLISECONDS);
+                else
+                    redisson.getFairLock(key).lock();
+                return true;
+            case "fairtrylock":
+                return redisson.getFairLock(key).tryLock(Long.parseLong(f[4]), Long.parseLong(f[5]),
+                                                         TimeUnit.MILLISECONDS);
+            case "fairunlock":
+                redisson.getFairLock(key).unlock();
                 return true;
             // README: end
             case "rwforceunlock":
