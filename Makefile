@@ -36,7 +36,11 @@ endif
 REGRESS = init acquire_release scopes with_lock errors settings reconnect lease rwlock security
 REGRESS_OPTS = --inputdir=. --outputdir=tmp_regress
 REGRESS_PREP = regress_prep
-EXTRA_CLEAN = tmp_regress
+# multi-session behaviour as isolation specs (specs/), PostgreSQL's own
+# convention; outputs in expected/ too
+ISOLATION = contention xact_scope lost_at_commit read_write
+ISOLATION_OPTS = --inputdir=. --outputdir=tmp_isolation
+EXTRA_CLEAN = tmp_regress tmp_isolation
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

@@ -96,3 +96,19 @@ SELECT count(*) FROM redis_lock_held();
 RESET redis_lock.url;
 \! redis-cli -p $RL_REDIS_PORT acl deluser regress_ro > /dev/null
 \! redis-cli -p $RL_REDIS_PORT del held-elsewhere a-list a-hash > /dev/null
+
+-- session-scoped locks refused where redis_lock.session_locks is off (a role
+-- behind a transaction-pooling pooler): 0A000 with a hint; xact works
+SET redis_lock.session_locks = off;
+SELECT try($$SELECT redis_lock_acquire('pooled')$$);
+SELECT try($$SELECT redis_lock_acquire_read('pooled')$$);
+BEGIN;
+SELECT redis_lock_acquire('pooled', xact => true) > 0 AS xact_ok;
+COMMIT;
+RESET redis_lock.session_locks;
+
+-- DISCARD ALL releases session-scoped locks, as it does advisory locks
+SELECT redis_lock_acquire('discarded') > 0 AS got, redis_lock_acquire_read('discarded-rw');
+DISCARD ALL;
+\! echo "after DISCARD ALL: $(redis-cli -p $RL_REDIS_PORT exists discarded discarded-rw)"
+SELECT count(*) FROM redis_lock_held();

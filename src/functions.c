@@ -185,6 +185,12 @@ do_acquire(FunctionCallInfo fcinfo, RLLockMode mode, int64 default_wait,
 	if (wait < 0)
 		wait = default_wait;
 	*wait_out = wait;
+	if (!xact && !rl_session_locks)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("session-scoped Redis locks are disabled for this session"),
+				 errdetail("redis_lock.session_locks is off: behind a transaction-pooling connection pooler another client would inherit the lock."),
+				 errhint("Take the lock with xact => true inside a transaction, or use redis_lock_with_lock.")));
 	if (mode == RL_MODE_WRITE && rl_holds_read_only(name))
 	{
 		if (refuse_upgrade)

@@ -1372,6 +1372,29 @@ rl_release_all_session(void)
 }
 
 /*
+ * DISCARD ALL: like advisory locks, every session-scoped lock goes.  It has
+ * already done its work when this runs, so nothing here raises: a release
+ * whose outcome is unknown is a WARNING and stays a doubt, settled by the
+ * next call or at exit.
+ */
+void
+rl_discard_session_locks(void)
+{
+	RLHeld	  **ents;
+	int			n;
+	MemoryContext old;
+
+	if (held == NULL || hash_get_num_entries(held) == 0)
+		return;
+	old = MemoryContextSwitchTo(work_cxt);
+	(void) drop_scope(RL_SCOPE_SESSION, &ents, &n);
+	release_soft(ents, n, warn_for_all(n));
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(work_cxt);
+	maybe_shrink();
+}
+
+/*
  * Restart the lease of a held lock: ttl_ms > 0 is a fixed lease, otherwise
  * redis_lock.lease_time, renewed by the watchdog when it runs.  Returns false
  * with a WARNING when the lock is not held or was found lost.

@@ -63,6 +63,7 @@ extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
 extern bool rl_release(RLLockMode mode, const char *name);
 extern bool rl_holds_read_only(const char *name);
 extern int	rl_release_all_session(void);
+extern void rl_discard_session_locks(void);
 extern bool rl_extend(const char *name, int64 ttl_ms);
 extern RLHeld *rl_lookup(const char *name);
 extern RLHeld *rl_lookup_any(const char *name);

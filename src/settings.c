@@ -32,6 +32,7 @@ int			rl_connect_timeout_ms = 2000;
 int			rl_command_timeout_ms = 2000;
 int			rl_protocol = RL_PROTOCOL_SIMPLE;
 bool		rl_verify_on_commit = true;
+bool		rl_session_locks = true;
 int			rl_max_locks = 1024;
 char	   *rl_nodes = NULL;
 char	   *rl_sentinels = NULL;
@@ -454,6 +455,15 @@ rl_define_settings(void)
 							 &rl_verify_on_commit,
 							 true,
 							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("redis_lock.session_locks",
+							 "Allow session-scoped Redis locks (off: only xact => true, for roles behind a transaction-pooling connection pooler).",
+							 NULL,
+							 &rl_session_locks,
+							 true,
+							 PGC_SUSET,
 							 0,
 							 NULL, NULL, NULL);
 

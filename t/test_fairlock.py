@@ -48,6 +48,9 @@ def test_sql_waiters_are_granted_in_arrival_order(fair, sessions, rc):
     waiters = [fair() for _ in range(4)]
     owners = [owner_of(w) for w in waiters]
     assert holder.run("SELECT redis_lock_acquire('fifo') > 0")
+    # an attempt that does not wait never joins the queue
+    assert waiters[0].run("SELECT redis_lock_try_acquire('fifo')") is False
+    assert rc.llen(QUEUE % "fifo") == 0
     for i, w in enumerate(waiters):
         join_queue(w, admin, rc, "fifo", i)
     assert [o.decode() for o in rc.lrange(QUEUE % "fifo", 0, -1)] == owners

@@ -350,6 +350,69 @@ class Postgres:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+class PgBouncer:
+    """A PgBouncer (Debian's) on 127.0.0.1 in front of pg: database
+    "postgres" in transaction pooling, "postgres_session" (the same
+    database) in session pooling with server_reset_query = DISCARD ALL.
+    Every user in users may log in without a password."""
+
+    def __init__(self, pg, users=("postgres",), pool_size=1):
+        self.pg = pg
+        self.port = free_port()
+        self.base = tempfile.mkdtemp(prefix="rl-bouncer-")
+        self.log = os.path.join(self.base, "pgbouncer.log")
+        ini = os.path.join(self.base, "pgbouncer.ini")
+        with open(os.path.join(self.base, "users.txt"), "w") as f:
+            f.writelines('"%s" ""\n' % u for u in users)
+        with open(ini, "w") as f:
+            f.write("[databases]\n"
+                    "postgres = host=127.0.0.1 port=%d dbname=postgres\n"
+                    "postgres_session = host=127.0.0.1 port=%d dbname=postgres pool_mode=session\n"
+                    "[pgbouncer]\n"
+                    "listen_addr = 127.0.0.1\n"
+                    "listen_port = %d\n"
+                    "unix_socket_dir =\n"
+                    "auth_type = trust\n"
+                    "auth_file = %s/users.txt\n"
+                    "pool_mode = transaction\n"
+                    "default_pool_size = %d\n"
+                    "server_reset_query = DISCARD ALL\n"
+                    "ignore_startup_parameters = extra_float_digits\n"
+                    "logfile = %s\n"
+                    % (pg.port, pg.port, self.port, self.base, pool_size, self.log))
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(RLTEST_USER)
+            for path in (self.base, ini, os.path.join(self.base, "users.txt")):
+                os.chown(path, pw.pw_uid, pw.pw_gid)
+        self.proc = subprocess.Popen(_as_pg_user(["/usr/sbin/pgbouncer", ini]),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise RuntimeError("pgbouncer exited; see " + self.log)
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return True
+            except OSError:
+                return False
+        wait_until(up, 10, what="pgbouncer to listen")
+
+    def connect(self, dbname="postgres", user="postgres"):
+        c = psycopg2.connect(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
+                             connect_timeout=int(10 * TIME_SCALE))
+        c.autocommit = True
+        return c
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
 class DelayProxy:
     """TCP proxy on 127.0.0.1 adding a fixed delay to every chunk, each way.
 
