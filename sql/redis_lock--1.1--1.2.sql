@@ -255,3 +255,6 @@ CREATE VIEW redis_lock_locks AS
 
 COMMENT ON VIEW redis_lock_locks IS
 'Redis locks held by every backend (needs shared_preload_libraries; otherwise this session only)';
+
+-- monitoring roles may read it, as they read pg_locks
+GRANT SELECT ON redis_lock_locks TO pg_monitor;
