@@ -898,7 +898,13 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 									  subs, true);
 	for (i = 0; i < nsubs && ndirty_subs < (int) lengthof(dirty_subs); i++)
 		dirty_subs[ndirty_subs++] = subs[i];
-	rl_subscribe(subs, nsubs, sub, channel, rl_command_timeout_ms);
+	/*
+	 * The release channel, and in the same round trip the lock key's
+	 * keyspace notifications: where the server publishes them, a holder
+	 * that never publishes (redis-py, node-redlock, redsync) wakes us too
+	 * when it deletes the key or the key expires.
+	 */
+	rl_subscribe(subs, nsubs, sub, channel, e->names.key, rl_command_timeout_ms);
 	/* a fair lock's waiter joins its queue; it leaves it however it stops */
 	if (e->names.protocol == RL_PROTOCOL_REDISSON_FAIR && e->queued_ms == 0)
 	{
@@ -938,10 +944,15 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
 		if (sleep_ms < 1)
 			sleep_ms = 1;
-		rl_wait_for_message(subs, nsubs, channel, sleep_ms);
+		/*
+		 * A holder that publishes wakes us on its channel: its keyspace
+		 * "del" would only wake us a second time.
+		 */
+		rl_wait_for_message(subs, nsubs, channel,
+							op->holder_publishes ? NULL : e->names.key, sleep_ms);
 	}
 
-	rl_unsubscribe_async(subs, nsubs, unsub, channel);
+	rl_unsubscribe_async(subs, nsubs, unsub, channel, e->names.key);
 	ndirty_subs = 0;
 	if (e->queued_ms > 0)
 	{
@@ -1067,6 +1078,12 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 	char	   *name = pstrdup(e->name);
 	RLProtocol	protocol = e->names.protocol;
 
+	/*
+	 * The error raised below names the failed call's key, which points into
+	 * the entry's names: keep a copy past the entry.
+	 */
+	if (op->failure != NULL && op->failure->key != NULL)
+		op->failure->key = pnstrdup(op->failure->key, op->failure->keylen);
 	if (release_partial_grants(e, op))
 		entry_remove(e);
 	switch (outcome)

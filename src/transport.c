@@ -1292,28 +1292,49 @@ rl_call_arg(RLCall *call, const char *arg, size_t len)
  * ----------------------------------------------------------------
  */
 /*
- * Send cmd (a subscribe) for channel on each subscriber connection and wait
- * up to timeout_ms for the confirmations.  Failures are not raised: a
- * refused subscription closes that connection and the caller polls instead.
+ * The keyspace-notification channel of key on conn's database: Redis
+ * publishes the name of each event on it (a "del", "expired", ...) where
+ * notify-keyspace-events has K and the event's class.  Node-local, like the
+ * key, in a Cluster.
+ */
+static char *
+keyspace_channel(const RLConn *conn, const char *key)
+{
+	return psprintf("__keyspace@%d__:%s", conn->ep.db, key);
+}
+
+/*
+ * Send cmd (a subscribe) for channel on each subscriber connection and,
+ * when key is not NULL, SUBSCRIBE to that key's keyspace notifications in
+ * the same round trip; wait up to timeout_ms for the confirmations.
+ * Failures are not raised: a refused subscription closes that connection
+ * and the caller polls instead.
  */
 void
 rl_subscribe(RLConn **subs, int n, const char *cmd, const char *channel,
-			 int timeout_ms)
+			 const char *key, int timeout_ms)
 {
-	RLCall	   *calls = palloc0(sizeof(RLCall) * n);
+	int			per = key != NULL ? 2 : 1;
+	RLCall	   *calls = palloc0(sizeof(RLCall) * n * per);
 	int			i;
 
 	for (i = 0; i < n; i++)
 	{
 		const char *argv[2] = {cmd, channel};
 
-		rl_call_set(&calls[i], subs[i], 2, argv, NULL);
+		rl_call_set(&calls[i * per], subs[i], 2, argv, NULL);
+		if (key != NULL)
+		{
+			const char *kargv[2] = {"SUBSCRIBE", keyspace_channel(subs[i], key)};
+
+			rl_call_set(&calls[i * per + 1], subs[i], 2, kargv, NULL);
+		}
 	}
 	/* a failed subscription only costs promptness; the poll still runs */
-	rl_run(calls, n, RL_RUN_SOFT, timeout_ms);
-	for (i = 0; i < n; i++)
+	rl_run(calls, n * per, RL_RUN_SOFT, timeout_ms);
+	for (i = 0; i < n * per; i++)
 		if (calls[i].reply != NULL && calls[i].reply->type == REDIS_REPLY_ERROR)
-			rl_conn_close(subs[i]);
+			rl_conn_close(subs[i / per]);
 	pfree(calls);
 }
 
@@ -1323,7 +1344,8 @@ rl_subscribe(RLConn **subs, int n, const char *cmd, const char *channel,
  * closed.  Never raises for a network failure.
  */
 void
-rl_unsubscribe_async(RLConn **subs, int n, const char *cmd, const char *channel)
+rl_unsubscribe_async(RLConn **subs, int n, const char *cmd, const char *channel,
+					 const char *key)
 {
 	int			i;
 
@@ -1339,6 +1361,13 @@ rl_unsubscribe_async(RLConn **subs, int n, const char *cmd, const char *channel)
 		if (c->stream == NULL)
 			continue;
 		rl_stream_append(c->stream, 2, argv, argvlen);
+		if (key != NULL)
+		{
+			const char *kargv[2] = {"UNSUBSCRIBE", keyspace_channel(c, key)};
+			size_t		kargvlen[2] = {11, strlen(kargv[1])};
+
+			rl_stream_append(c->stream, 2, kargv, kargvlen);
+		}
 		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
 			rl_conn_close(c);
 	}
@@ -1361,16 +1390,41 @@ is_message_for(RLReply *r, const char *channel)
 }
 
 /*
- * Wait up to timeout_ms for a message on channel on any of the subscriber
- * connections.  Returns true when woken by a message, or when a subscriber
+ * Is this push a keyspace notification that the key is gone (deleted,
+ * expired, evicted)?  Other events on it (a renewal's "expire", "hset") are
+ * not a reason to try again.
+ */
+static bool
+is_key_gone(RLReply *r, const char *kchannel)
+{
+	const char *event;
+
+	if (kchannel == NULL || !is_message_for(r, kchannel) ||
+		r->element[2]->type != REDIS_REPLY_STRING)
+		return false;
+	event = r->element[2]->str;
+	return strcmp(event, "del") == 0 || strcmp(event, "expired") == 0 ||
+		strcmp(event, "evicted") == 0;
+}
+
+/*
+ * Wait up to timeout_ms for a message on channel, or (key not NULL) a
+ * keyspace notification that key is gone, on any of the subscriber
+ * connections.  Returns true when woken by one, or when a subscriber
  * connection broke (the caller then retries at once and resubscribes);
  * false on timeout.
  */
 bool
-rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
+rl_wait_for_message(RLConn **subs, int n, const char *channel, const char *key,
+					long timeout_ms)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													   timeout_ms);
+	char	  **kchannels = palloc0(sizeof(char *) * Max(n, 1));
+	int			k;
+
+	for (k = 0; k < n && key != NULL; k++)
+		kchannels[k] = keyspace_channel(subs[k], key);
 
 	for (;;)
 	{
@@ -1398,7 +1452,7 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, long timeout_ms)
 				}
 				if (r == NULL)
 					break;
-				if (is_message_for(r, channel))
+				if (is_message_for(r, channel) || is_key_gone(r, kchannels[i]))
 					woken = true;
 			}
 		}

@@ -105,11 +105,11 @@ extern void rl_close_all(void);
 
 /* pub/sub on a subscriber connection */
 extern void rl_subscribe(RLConn **subs, int n, const char *cmd,
-						 const char *channel, int timeout_ms);
+						 const char *channel, const char *key, int timeout_ms);
 extern void rl_unsubscribe_async(RLConn **subs, int n, const char *cmd,
-								 const char *channel);
+								 const char *channel, const char *key);
 extern bool rl_wait_for_message(RLConn **subs, int n, const char *channel,
-								long timeout_ms);
+								const char *key, long timeout_ms);
 
 extern bool rl_reply_is_error(RLReply *r, const char *prefix);
 

@@ -59,6 +59,47 @@ def test_sql_holder_excludes_redis_py(sessions, rc):
     lk.release()
 
 
+def redis_py_handovers(a, admin, rc, key, cycles):
+    """Seconds from a redis-py release to the SQL waiter holding the lock,
+    once per cycle; the release comes 300 ms into the wait, when a poll
+    backoff would have grown to its 100 ms cap."""
+    out = []
+    for _ in range(cycles):
+        lk = Lock(rc, key, timeout=30)
+        assert lk.acquire(blocking=False)
+        a.start("SELECT redis_lock_acquire(%s, wait => '10s') > 0", (key,))
+        wait_for_wait_event(admin.conn, a.pid)
+        time.sleep(0.3)
+        released = time.monotonic()
+        lk.release()
+        a.join()
+        assert a.error is None and a.result is True
+        out.append(a.finished_at - released)
+        assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
+    return sorted(out)
+
+
+def test_keyspace_notifications_wake_a_sql_waiter_behind_redis_py(sessions, rc):
+    """redis-py never publishes on release.  Where the server publishes
+    keyspace notifications (notify-keyspace-events with K, g and x), the
+    SQL waiter's subscription to the key's notifications wakes it on the
+    DEL; with them off it finds the free lock by polling, as before."""
+    a, admin = sessions(), sessions()
+    rc.config_set("notify-keyspace-events", "Kgx")
+    try:
+        on = redis_py_handovers(a, admin, rc, "ks-notified", 15)
+    finally:
+        rc.config_set("notify-keyspace-events", "")
+    off = redis_py_handovers(a, admin, rc, "ks-notified", 8)
+    p50_on, p50_off = on[len(on) // 2], off[len(off) // 2]
+    report_latency("redis-py " + redis.__version__,
+                   "redis-py release -> SQL waiter, keyspace notifications on (p50)", p50_on)
+    report_latency("redis-py " + redis.__version__,
+                   "redis-py release -> SQL waiter, keyspace notifications off (p50)", p50_off)
+    assert p50_on < 0.005, on
+    assert p50_off > 2 * p50_on, (on, off)
+
+
 # README: redis-py
 def export_orders(r, export):
     with r.lock("orders:export", timeout=30, blocking_timeout=10):

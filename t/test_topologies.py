@@ -9,6 +9,7 @@ import pytest
 from conftest import Session, wait_for_wait_event
 from peers import RedlockPeer
 import testbed
+from testbed import TIME_SCALE as S
 
 
 def fresh_pg(**conf):
@@ -292,6 +293,35 @@ def test_cluster_locks_spread_over_slots(cluster):
     assert a.run("SELECT redis_lock_release_all()") == 300
     assert sum(len(n.client().keys("c-*")) for n in nodes) == 0
     a.close()
+
+
+def test_cluster_keyspace_notifications_wake_a_waiter_on_the_keys_node(cluster):
+    """Keyspace notifications are node-local: the waiter subscribes on the
+    node that owns the key, and a foreign holder's DEL there wakes it."""
+    nodes, pg = cluster
+    a, admin = Session(pg), Session(pg)
+    try:
+        for n in nodes:
+            n.client().config_set("notify-keyspace-events", "Kgx")
+        for key in ("ks-a", "ks-b", "ks-c", "ks-d"):
+            owner, _ = node_of(nodes, key)
+            oc = owner.client()
+            assert oc.set(key, "foreign-token", nx=True, px=30000)
+            a.start("SELECT redis_lock_acquire(%s, wait => '10s') > 0", (key,))
+            wait_for_wait_event(admin.conn, a.pid)
+            testbed.wait_until(lambda: oc.execute_command(
+                "PUBSUB", "NUMSUB", "__keyspace@0__:" + key)[1] > 0, 5,
+                what="the waiter subscribed on the key's node")
+            time.sleep(0.3)                  # past the first poll intervals
+            released = time.monotonic()
+            oc.delete(key)
+            a.join()
+            assert a.error is None and a.result is True
+            assert a.finished_at - released < 0.02 * S
+            assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
+    finally:
+        a.close()
+        admin.close()
 
 
 def exists_asking(node, *keys):
