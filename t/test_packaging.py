@@ -1,0 +1,44 @@
+"""The release metadata agree with each other and with the SQL: version
+(control file, newest install script, META.json, debian/changelog,
+CHANGELOG.md), license (LICENSE, META.json, debian/copyright, README) and
+the PostgreSQL versions (META.json, debian/pgversions, README)."""
+import json
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def test_one_version_everywhere():
+    control = re.search(r"default_version = '([\d.]+)'", read("redis_lock.control")).group(1)
+    scripts = [f for f in os.listdir(os.path.join(ROOT, "sql"))
+               if re.fullmatch(r"redis_lock--[\d.]+\.sql", f)]
+    newest = max((f[len("redis_lock--"):-len(".sql")] for f in scripts),
+                 key=lambda v: [int(x) for x in v.split(".")])
+    meta = json.loads(read("META.json"))
+    deb = re.match(r"redis-lock \(([\d.]+)", read("debian/changelog")).group(1)
+    changelog = re.search(r"^## ([\d.]+)", read("CHANGELOG.md"), re.M).group(1)
+    assert newest == control == changelog
+    assert meta["version"] == meta["provides"]["redis_lock"]["version"] == control + ".0" == deb
+    assert meta["provides"]["redis_lock"]["file"] == "sql/redis_lock--%s.sql" % control
+
+
+def test_one_license_everywhere():
+    assert "PostgreSQL License" in read("LICENSE")
+    assert json.loads(read("META.json"))["license"] == "postgresql"
+    assert "License: PostgreSQL" in read("debian/copyright")
+    assert "PostgreSQL License" in read("README.md")
+
+
+def test_one_set_of_postgresql_versions():
+    pgversions = read("debian/pgversions").split()
+    meta = json.loads(read("META.json"))
+    assert pgversions == ["15"]
+    assert meta["prereqs"]["runtime"]["requires"]["PostgreSQL"].startswith("15.")
+    assert "Built and tested on PostgreSQL 15" in read("README.md")
+    assert "Package: postgresql-15-redis-lock" in read("debian/control")
