@@ -572,15 +572,6 @@ def cluster():
         n.stop()
 
 
-def node_of(nodes, key):
-    c = nodes[0].client()
-    slot = c.execute_command("CLUSTER", "KEYSLOT", key)
-    for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
-        if start <= slot <= end:
-            return next(n for n in nodes if n.port == master[1])
-    raise AssertionError("no node serves " + key)
-
-
 @pytest.mark.parametrize("line", REDISSON_LINES, ids=lambda l: "redisson" + l)
 def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
     nodes, pg = cluster
@@ -592,7 +583,7 @@ def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
         a.run("SET redis_lock.sharded_pubsub = on")
         key = "ledger-" + line
         channel = redisson_name("redisson_lock__channel", key)
-        owner = node_of(nodes, key).client()
+        owner = testbed.slot_owner(nodes, key)[0].client()
         # Java -> SQL: the SQL waiter sits in SSUBSCRIBE, Java SPUBLISHes 0
         assert peer.call("c1", "lock", key) is True
         a.start("SELECT redis_lock_acquire(%s, wait => '20s') > 0", (key,))

@@ -387,16 +387,6 @@ def tls_cluster(pki):
         n.stop()
 
 
-def slot_owner(nodes, key):
-    """The node serving key's slot, and the slot."""
-    c = nodes[0].client()
-    slot = c.execute_command("CLUSTER", "KEYSLOT", key)
-    for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
-        if start <= slot <= end:
-            return next(n for n in nodes if n.port == master[1]), slot
-    raise AssertionError("no owner for slot %d" % slot)
-
-
 def moved_replies(node):
     """How many MOVED errors node has answered (INFO errorstats)."""
     v = node.client().info("errorstats").get("errorstat_MOVED", 0)
@@ -415,7 +405,7 @@ def test_cluster_nodes_are_reached_over_tls(tls_cluster):
         # one lock on each master: the seed names the others (CLUSTER SLOTS)
         names = {}
         for i in range(200):
-            owner, _ = slot_owner(nodes, "tc-%d" % i)
+            owner, _ = testbed.slot_owner(nodes, "tc-%d" % i)
             names.setdefault(owner.port, "tc-%d" % i)
         assert len(names) == 3
         for port, name in names.items():
@@ -430,7 +420,7 @@ def test_cluster_nodes_are_reached_over_tls(tls_cluster):
 
         # move an empty slot behind the session's back: MOVED, followed over TLS
         name = "tc-moved"
-        src, slot = slot_owner(nodes, name)
+        src, slot = testbed.slot_owner(nodes, name)
         dst = next(n for n in nodes if n is not src)
         s_id = src.client().execute_command("CLUSTER", "MYID").decode()
         d_id = dst.client().execute_command("CLUSTER", "MYID").decode()

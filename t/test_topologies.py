@@ -269,15 +269,6 @@ def cluster():
         n.stop()
 
 
-def node_of(nodes, key):
-    slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-    for n in nodes:
-        for start, end, master, *rest in nodes[0].client().execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end and master[1] == n.port:
-                return n, slot
-    raise AssertionError("no owner for slot %d" % slot)
-
-
 def test_cluster_locks_spread_over_slots(cluster):
     nodes, pg = cluster
     a = Session(pg)
@@ -286,7 +277,7 @@ def test_cluster_locks_spread_over_slots(cluster):
     per_node = [len(n.client().keys("c-*")) for n in nodes]
     assert sum(per_node) == 300 and min(per_node) > 50
     for name in ("c-1", "c-77", "c-300"):
-        owner, _ = node_of(nodes, name)
+        owner, _ = testbed.slot_owner(nodes, name)
         assert owner.client().get(name).startswith(b"pgrl:")
     fences = a.run("SELECT array_agg(fence ORDER BY lock_name) FROM redis_lock_held()")
     assert all(f > 0 for f in fences)
@@ -304,7 +295,7 @@ def test_cluster_keyspace_notifications_wake_a_waiter_on_the_keys_node(cluster):
         for n in nodes:
             n.client().config_set("notify-keyspace-events", "Kgx")
         for key in ("ks-a", "ks-b", "ks-c", "ks-d"):
-            owner, _ = node_of(nodes, key)
+            owner, _ = testbed.slot_owner(nodes, key)
             oc = owner.client()
             assert oc.set(key, "foreign-token", nx=True, px=30000)
             a.start("SELECT redis_lock_acquire(%s, wait => '10s') > 0", (key,))
@@ -343,7 +334,7 @@ def test_cluster_slot_migration_mid_run_moved_and_ask(cluster):
     names = ["{mig}:%d" % i for i in range(6)]
     for n in names:
         assert a.run("SELECT redis_lock_acquire(%s, ttl => '60s') > 0", (n,))
-    src, slot = node_of(nodes, "{mig}:0")
+    src, slot = testbed.slot_owner(nodes, "{mig}:0")
     dst = next(n for n in nodes if n is not src)
     s_id = src.client().execute_command("CLUSTER", "MYID").decode()
     d_id = dst.client().execute_command("CLUSTER", "MYID").decode()

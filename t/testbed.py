@@ -350,6 +350,16 @@ class Postgres:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def slot_owner(nodes, key):
+    """The Cluster node (of nodes) serving key's hash slot, and the slot."""
+    c = nodes[0].client()
+    slot = c.execute_command("CLUSTER", "KEYSLOT", key)
+    for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return next(n for n in nodes if n.port == master[1]), slot
+    raise AssertionError("no node serves slot %d" % slot)
+
+
 class PgBouncer:
     """A PgBouncer (Debian's) on 127.0.0.1 in front of pg: database
     "postgres" in transaction pooling, "postgres_session" (the same
