@@ -10,6 +10,8 @@
  *	functions.c   SQL-callable functions: argument checks, result shaping
  *	locktable.c   per-backend table of held locks, reentrancy, transaction
  *				  and session-exit callbacks, acquire/wait/release logic
+ *	waitqueue.c   server-local queues of the backends waiting for the same
+ *				  lock in shared memory: one contends in Redis, the rest sleep
  *	watchdog.c    shared-memory registry of every backend's locks and the
  *				  background worker that renews and cleans them up
  *	lockop.c      one lock operation over every node of a target, with the

@@ -872,10 +872,28 @@ jitter(long max_ms)
 }
 
 /*
- * Wait for the lock: subscribe to its release channel on every node, then
- * alternate attempts with latch waits that end on a release message, on the
- * holder's expiry, or on a bounded backoff for holders that never publish.
- * Redlock retries add random jitter so contenders do not collide again.
+ * The server-local wait queue id of an entry's lock, or 0 when its waiters
+ * do not queue locally: without preload, and for the layouts whose waiters
+ * must each be seen in Redis (read holds share the lock; a fair lock keeps
+ * its own queue there).
+ */
+static uint64
+local_queue_id(RLHeld *e)
+{
+	if (!rl_watchdog_enabled() ||
+		(e->names.protocol != RL_PROTOCOL_SIMPLE &&
+		 e->names.protocol != RL_PROTOCOL_REDISSON))
+		return 0;
+	return rl_waitq_id(e->target->spec, e->names.key);
+}
+
+/*
+ * Wait for the lock.  First, behind this server's earlier waiters for it,
+ * if any (waitqueue.c): only the head of that queue works in Redis.  Then
+ * subscribe to its release channel on every node and alternate attempts
+ * with latch waits that end on a release message, on the holder's expiry,
+ * or on a bounded backoff for holders that never publish.  Redlock retries
+ * add random jitter so contenders do not collide again.
  */
 static AcqOutcome
 wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
@@ -892,8 +910,17 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 	int			i;
 
 	const char *channel = rl_wait_channel(&e->names);
+	uint64		queue_id = local_queue_id(e);
 
 	rl_stats_add(RL_STAT_WAITS, 1);
+	if (queue_id != 0 && !rl_waitq_join(queue_id) &&
+		!rl_waitq_wait_turn(deadline))
+	{
+		/* the wait ran out behind earlier local waiters */
+		rl_waitq_leave();
+		rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
+		return ACQ_BUSY;
+	}
 	nsubs = rl_target_nodes_or_raise(e->target, e->names.key, e->names.keylen,
 									  subs, true);
 	for (i = 0; i < nsubs && ndirty_subs < (int) lengthof(dirty_subs); i++)
@@ -952,6 +979,8 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 							op->holder_publishes ? NULL : e->names.key, sleep_ms);
 	}
 
+	/* the next local waiter takes over at once, while we tidy up */
+	rl_waitq_leave();
 	rl_unsubscribe_async(subs, nsubs, unsub, channel, e->names.key);
 	ndirty_subs = 0;
 	if (e->queued_ms > 0)
@@ -1178,7 +1207,17 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	}
 	e = entry_for_attempt(e, mode, name, lease_ms);
 
-	outcome = attempt(e, lease_ms, &op);
+	/*
+	 * Behind local waiters, a newcomer that may wait joins their queue
+	 * without trying first: they are served in arrival order.
+	 */
+	if (wait_ms > 0 && rl_waitq_has_waiters(local_queue_id(e)))
+	{
+		op_init(&op, RL_OP_ACQUIRE, e, lease_ms);
+		outcome = ACQ_BUSY;
+	}
+	else
+		outcome = attempt(e, lease_ms, &op);
 	if (outcome != ACQ_GOT && outcome != ACQ_WRONGTYPE && wait_ms > 0 &&
 		(outcome == ACQ_BUSY || e->target->kind == RL_TOPO_REDLOCK))
 		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);
@@ -1605,6 +1644,8 @@ redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
+			/* a wait cut short by an error gives up its local seat */
+			rl_waitq_leave();
 			end_of_xact();
 			break;
 		case XACT_EVENT_PREPARE:
@@ -1629,6 +1670,8 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 {
 	int			i;
 
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		rl_waitq_leave();
 	if (event == SUBXACT_EVENT_ABORT_SUB && nqueued > 0)
 	{
 		MemoryContext old = MemoryContextSwitchTo(work_cxt);

@@ -13,7 +13,7 @@
 #ifndef RL_LOCKTABLE_H
 #define RL_LOCKTABLE_H
 
-#include "watchdog.h"
+#include "waitqueue.h"
 
 typedef enum RLScope
 {

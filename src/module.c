@@ -60,7 +60,7 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 
 /*
  * Module load: settings, counters, scripts and, when preloading, the shared
- * registry and the watchdog worker.  Nothing here talks to Redis.
+ * registry, the watchdog worker and the local wait queues.  Nothing here talks to Redis.
  */
 void
 _PG_init(void)
@@ -69,6 +69,7 @@ _PG_init(void)
 	rl_stats_init();
 	rl_scripts_init();
 	rl_watchdog_init();
+	rl_waitq_init();
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = redis_lock_ProcessUtility;
 }

@@ -127,6 +127,7 @@ rl_wait_event(RLWaitKind kind)
 		[RL_WAIT_RELEASE] = "RedisLockRelease",
 		[RL_WAIT_RETRY] = "RedisLockRetry",
 		[RL_WAIT_WATCHDOG] = "RedisLockWatchdog",
+		[RL_WAIT_QUEUE] = "RedisLockQueue",
 	};
 	static uint32 ids[RL_WAIT_KIND_COUNT];	/* 0: not registered yet */
 

@@ -47,6 +47,7 @@ typedef enum RLWaitKind
 	RL_WAIT_RELEASE,			/* a held lock's release message, or a poll */
 	RL_WAIT_RETRY,				/* pause before resending (cluster TRYAGAIN) */
 	RL_WAIT_WATCHDOG,			/* the watchdog worker between cycles */
+	RL_WAIT_QUEUE,				/* behind another local waiter for the lock */
 	RL_WAIT_KIND_COUNT
 } RLWaitKind;
 
