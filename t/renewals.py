@@ -15,17 +15,22 @@ renewal ran in Redis.  So:
     = lease - PTTL) at the next sample, even if it is renewed later;
   - a key that expired or was never set shows as PTTL -2.
 """
+import array
+import struct
+import sys
 import time
 
-# one chunk of keys: Redis's clock (ms) first, then each key's PTTL; the
-# script runs atomically, so every PTTL is relative to that one clock
+# one chunk of keys: Redis's clock (ms) first, then each key's PTTL, packed
+# as little-endian int32 (decoding 100 000 RESP integers in Python would cost
+# more CPU than the worker being measured); the script runs atomically, so
+# every PTTL is relative to that one clock
 SAMPLE_LUA = """
 local t = redis.call('TIME')
-local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+local out = {struct.pack('<d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))}
 for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do
-  out[#out + 1] = redis.call('PTTL', ARGV[1] .. i)
+  out[#out + 1] = struct.pack('<i', redis.call('PTTL', ARGV[1] .. i))
 end
-return out
+return table.concat(out)
 """
 
 # PTTL and TIME are whole milliseconds: allow that much error per reading
@@ -66,9 +71,13 @@ class RenewalWatch:
         t0 = time.monotonic()
         for lo in range(1, self.n + 1, self.chunk):
             hi = min(self.n, lo + self.chunk - 1)
-            r = self.c.evalsha(self.sha, 0, self.prefix, lo, hi)
-            now = r[0]
-            for i, pttl in enumerate(r[1:]):
+            raw = self.c.evalsha(self.sha, 0, self.prefix, lo, hi)
+            now = int(struct.unpack_from("<d", raw)[0])
+            pttls = array.array("i")
+            pttls.frombytes(raw[8:])
+            if sys.byteorder != "little":
+                pttls.byteswap()
+            for i, pttl in enumerate(pttls):
                 k = lo - 1 + i
                 if pttl < 0:
                     self.missing += 1
