@@ -38,7 +38,9 @@
 #include "storage/shmem.h"
 #include "tcop/tcopprot.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/memutils.h"
+#include "utils/ps_status.h"
 
 #define RL_MAX_TARGETS		32
 #define RL_TARGET_SPEC_LEN	1024
@@ -52,16 +54,25 @@ typedef enum RLSlotState
 	SLOT_ORPHAN					/* owner exited without releasing it */
 } RLSlotState;
 
+/*
+ * One held lock.  The lock's name is not stored apart: the Redis key is
+ * always key_prefix + name (rl_names_build), so the name is the key's tail
+ * from name_off on.  That keeps a slot at about 0.9 kB instead of 1.4 kB;
+ * shared memory is sized for max_locks of them (see settings.c).
+ */
 typedef struct RLSlot
 {
 	uint32		generation;		/* bumped at every allocation and free */
 	RLSlotState state;
 	int			target;			/* index into RLShared.targets */
+	uint16		name_off;		/* the name starts at key + name_off */
 	RLLockState st;
-	char		name[RL_MAX_NAME_LEN + 1];
 	char		key[RL_MAX_KEY_LEN + 1];
 	char		owner[RL_OWNER_LEN + 1];
 } RLSlot;
+
+StaticAssertDecl(RL_MAX_PREFIX_LEN <= PG_UINT16_MAX,
+				 "RLSlot.name_off must hold any key prefix length");
 
 /*
  * Where and with which passwords the locks of some slots live.  An entry is
@@ -81,6 +92,7 @@ typedef struct RLShared
 	LWLock	   *lock;
 	Latch	   *worker_latch;
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
+	pg_atomic_uint64 worker_wakes_at;	/* TimestampTz the worker sleeps until */
 	RLSharedTarget targets[RL_MAX_TARGETS];
 	int			nslots;
 	int			nfree;
@@ -144,6 +156,7 @@ redis_lock_registry_shmem_startup(void)
 		memset(shared, 0, shared_size());
 		shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
 		pg_atomic_init_u32(&shared->lost_events, 0);
+		pg_atomic_init_u64(&shared->worker_wakes_at, 0);
 		shared->nslots = registry_capacity;
 		shared->nfree = registry_capacity;
 		for (i = 0; i < registry_capacity; i++)
@@ -287,9 +300,14 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	int			idx;
 	int			tidx;
 	int			nfree;
+	size_t		keylen = strlen(names->key);
+	size_t		namelen = strlen(name);
 
 	if (shared == NULL)
 		return -1;
+	/* the key is prefix + name; the slot keeps the key and where name starts */
+	Assert(keylen >= namelen && keylen - namelen <= RL_MAX_PREFIX_LEN &&
+		   strcmp(names->key + keylen - namelen, name) == 0);
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	nfree = shared->nfree;
 	tidx = nfree > 0 ? target_ref(target) : TARGET_TABLE_FULL;
@@ -329,8 +347,8 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->st.fence = 0;
 	s->st.lease_ms = lease_ms;
 	s->st.acquired_at = s->st.last_renewed_at = GetCurrentTimestamp();
-	strlcpy(s->name, name, sizeof(s->name));
 	strlcpy(s->key, names->key, sizeof(s->key));
+	s->name_off = (uint16) (keylen - namelen);
 	strlcpy(s->owner, names->owner, sizeof(s->owner));
 	LWLockRelease(shared->lock);
 	return idx;
@@ -347,6 +365,7 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 {
 	RLSlot	   *s;
 	int			holds = st->session_holds + st->xact_holds;
+	bool		wake;
 
 	if (shared == NULL || slot < 0)
 		return;
@@ -367,7 +386,19 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	strlcpy(s->owner, owner, sizeof(s->owner));
 	if (refreshed)
 		s->st.last_renewed_at = GetCurrentTimestamp();
+	wake = s->st.watchdog && holds > 0 &&
+		TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 6) <
+		(TimestampTz) pg_atomic_read_u64(&shared->worker_wakes_at);
 	LWLockRelease(shared->lock);
+
+	/*
+	 * The worker may renew a lock from lease/6 after its last renewal on;
+	 * if it sleeps past that (it planned without this lock, for up to a
+	 * second), wake it to plan again.  Rare: once awake, it sleeps no
+	 * longer than the next lock due.
+	 */
+	if (wake)
+		wake_worker();
 }
 
 /* Free this backend's registry slot (no-op without a registry or slot) */
@@ -435,7 +466,7 @@ rl_registry_snapshot(RLLockInfo **out, int *n)
 			continue;
 		o = &(*out)[k++];
 		o->st = s->st;
-		o->name = pstrdup(s->name);
+		o->name = pstrdup(s->key + s->name_off);
 		o->key = pstrdup(s->key);
 	}
 	LWLockRelease(shared->lock);
@@ -453,17 +484,107 @@ typedef enum JobKind
 	JOB_RELEASE
 } JobKind;
 
+/*
+ * One thing to do for a slot, copied out of the registry so that the
+ * registry's lock is not held while names are built or Redis is asked.
+ */
 typedef struct Job
 {
 	JobKind		kind;
 	int			slot;
 	uint32		generation;
 	int			target;
-	RLLockNames names;
+	RLProtocol	protocol;
 	int64		lease_ms;
+	TimestampTz due;			/* renew: last renewal + lease/3, the latest
+								 * moment to send it; release: now */
 	TimestampTz horizon;		/* the key cannot outlive this */
 	bool		retry;			/* its last attempt failed */
+	bool		failing;		/* its target failed last time */
+	char	   *key;
+	char	   *owner;
 } Job;
+
+/*
+ * Ops per round trip.  All due renewals of a target are pipelined, but in
+ * rounds of at most this many, so that a round's deadline (command_timeout)
+ * bounds the time of RL_WATCHDOG_BATCH scripts rather than of however many
+ * locks are due, and the memory of a round stays bounded.  A round of 1000
+ * renewals takes a few ms against a Redis on loopback (bench/run, section
+ * watchdog_scale).
+ */
+#define RL_WATCHDOG_BATCH	1000
+
+/*
+ * Jobs per cycle: when more are due, the most urgent go now and the rest in
+ * the cycles that follow at once.  A cycle's duration is what the lookahead
+ * below must cover, so bounding it keeps renewals close to lease/3 apart
+ * instead of one whole pass ahead; each cycle scans the registry once, which
+ * for 100 000 slots costs a few ms, a small share of 10 rounds.
+ */
+#define RL_WATCHDOG_CYCLE_JOBS	(10 * RL_WATCHDOG_BATCH)
+
+/*
+ * Renewals start ahead of their deadline by the duration of a cycle.  A
+ * lock is due lease/3 after its last renewal, but when many locks are due
+ * together the last of a cycle's jobs goes out only after every earlier
+ * round.  So a lock's renewal starts at last renewal + lease/3 - lookahead,
+ * and the cycle takes along every lock due within another lookahead, so that
+ * locks due close together go in the same rounds (not one cycle, and one
+ * scan of the registry, per lock).  The lookahead is the longest of the
+ * last LOOKAHEAD_CYCLES cycles that did work, plus a margin for the
+ * worker being descheduled on a busy machine (LOOKAHEAD_MARGIN_MS, or
+ * lease/30 if less: renewing up to a tenth of a period early);
+ * cycles are bounded by RL_WATCHDOG_CYCLE_JOBS, so it stays short.  Only
+ * recent cycles count, so that one stall (the worker descheduled, a round
+ * that timed out) does not make every lock renew early for long: that
+ * doubled the renewals of 100 000 locks, and the worker could not keep up
+ * with its own early renewals (bench/run, watchdog_scale).  It is at most
+ * lease/6, and no
+ * lock is renewed sooner than lease/6 after its last renewal, however slow
+ * the cycles get; when they are slower than that, renewals are late and the
+ * worker says so in the log.
+ */
+#define LOOKAHEAD_MARGIN_MS		100
+#define LOOKAHEAD_CYCLES		16
+
+static long cycle_ms[LOOKAHEAD_CYCLES];	/* the last cycles that did work */
+static int	cycle_next = 0;
+static long cycle_max_ms = 0;	/* the longest of them */
+
+/* How far ahead of its deadline a renewal of a lease of lease_ms starts */
+static long
+lookahead_ms(int64 lease_ms)
+{
+	int64		margin = Min(LOOKAHEAD_MARGIN_MS, lease_ms / 30);
+
+	return (long) Min(cycle_max_ms + margin, lease_ms / 6);
+}
+
+/* A cycle that did work took ms: remember it for the lookahead */
+static void
+note_pass(long ms)
+{
+	int			i;
+
+	cycle_ms[cycle_next] = ms;
+	cycle_next = (cycle_next + 1) % LOOKAHEAD_CYCLES;
+	cycle_max_ms = 0;
+	for (i = 0; i < LOOKAHEAD_CYCLES; i++)
+		cycle_max_ms = Max(cycle_max_ms, cycle_ms[i]);
+}
+
+/* What one pass did, for the process title and the log */
+typedef struct PassStats
+{
+	int			jobs;
+	int			renewed;
+	int			released;
+	int			failed;
+	int			rounds;
+	int			late;			/* renewals sent after their deadline */
+	long		late_ms;		/* by how much, at most */
+} PassStats;
 
 /*
  * What the worker remembers between cycles, in its own memory.  Per slot:
@@ -493,6 +614,7 @@ typedef struct TargetLog
 
 static SlotRetry *retries = NULL;
 static TargetLog target_logs[RL_MAX_TARGETS];
+static TimestampTz late_logged_at = 0;
 
 /* The longest back-off for a lease: well below lease/3, the renewal period */
 static long
@@ -540,10 +662,26 @@ redis_lock_worker_on_shmem_exit(int code, Datum arg)
 	LWLockRelease(shared->lock);
 }
 
-static bool
-backend_alive(int pid)
+/*
+ * Is the backend with this pid still there?  Asked once per pid and cycle
+ * (alive caches the answers): BackendPidGetProc scans the whole ProcArray
+ * under ProcArrayLock, and a backend may hold thousands of slots.
+ */
+typedef struct PidAlive
 {
-	return BackendPidGetProc(pid) != NULL;
+	int			pid;			/* hash key */
+	bool		alive;
+} PidAlive;
+
+static bool
+backend_alive(HTAB *alive, int pid)
+{
+	bool		found;
+	PidAlive   *e = hash_search(alive, &pid, HASH_ENTER, &found);
+
+	if (!found)
+		e->alive = BackendPidGetProc(pid) != NULL;
+	return e->alive;
 }
 
 
@@ -558,7 +696,7 @@ watchdog_problem(RLLockOp *op)
 
 /* One line per failing target per LOG_EVERY_MS, and one when it recovers */
 static void
-log_target(int tidx, const char *spec, int nfailed, RLLockOp *failed_op)
+log_target(int tidx, const char *spec, int nfailed, const char *problem)
 {
 	TargetLog  *l = &target_logs[tidx];
 	TimestampTz now = GetCurrentTimestamp();
@@ -584,60 +722,74 @@ log_target(int tidx, const char *spec, int nfailed, RLLockOp *failed_op)
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s; %d more attempt(s) failed since the last report",
 						nfailed, where, l->unlogged),
-				 errdetail_internal("%s", watchdog_problem(failed_op))));
+				 errdetail_internal("%s", problem)));
 	else
 		ereport(LOG,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s",
 						nfailed, where),
-				 errdetail_internal("%s", watchdog_problem(failed_op))));
+				 errdetail_internal("%s", problem)));
 	l->failing = true;
 	l->logged_at = now;
 	l->unlogged = 0;
 }
 
 /*
- * One round for some jobs of one target, with the passwords the backends
- * used, then apply the results unless the slot changed hands meanwhile.
+ * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
+ * passwords the backends used, then apply the results unless the slot
+ * changed hands meanwhile.  A renewed lock counts as renewed when the round
+ * was sent: Redis restarted its lease no earlier than that.  Returns how
+ * many ops failed; *problem gets (in problem_cxt) what went wrong with the
+ * first failed op, if it has nothing yet.
  */
-static void
-run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
+static int
+run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
+		  PassStats *ps, char **problem, MemoryContext problem_cxt)
 {
 	RLLockOp   *ops = palloc0(sizeof(RLLockOp) * n);
-	RLTarget   *t = rl_target_from_spec(target->spec);
-	RLLockOp   *failed_op = NULL;
+	RLLockNames *names = palloc0(sizeof(RLLockNames) * n);
 	int			nfailed = 0;
+	TimestampTz sent;
 	TimestampTz now;
 	int			k;
 
 	for (k = 0; k < n; k++)
 	{
-		Job		   *j = &jobs[idx[k]];
+		Job		   *j = &jobs[k];
 
+		/* the fence counter is not touched by renew or release */
+		rl_names_from_key(&names[k], j->protocol, "", j->key, CurrentMemoryContext);
+		strlcpy(names[k].owner, j->owner, sizeof(names[k].owner));
 		ops[k].kind = j->kind == JOB_RENEW ? RL_OP_EXTEND : RL_OP_RELEASE;
 		ops[k].target = t;
-		ops[k].names = &j->names;
+		ops[k].names = &names[k];
 		ops[k].lease_ms = j->lease_ms;
 	}
 	rl_use_credentials(target->password[0] ? target->password : NULL,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
+	sent = GetCurrentTimestamp();
 	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
 	rl_use_settings_credentials();
+	ps->rounds++;
 
 	now = GetCurrentTimestamp();
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
-		Job		   *j = &jobs[idx[k]];
+		Job		   *j = &jobs[k];
 		RLSlot	   *s = &shared->slots[j->slot];
 		RLLockOp   *op = &ops[k];
 		int			f = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : -1;
 
 		if (f < 0)
 		{
-			nfailed++;
-			if (failed_op == NULL)
-				failed_op = op;
+			if (nfailed++ == 0 && *problem == NULL)
+			{
+				MemoryContext old = MemoryContextSwitchTo(problem_cxt);
+
+				*problem = watchdog_problem(op);
+				MemoryContextSwitchTo(old);
+			}
 		}
 		if (s->generation != j->generation || s->state == SLOT_FREE)
 			continue;
@@ -649,8 +801,15 @@ run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
 				continue;
 			if (f == 1)
 			{
-				s->st.last_renewed_at = now;
+				s->st.last_renewed_at = sent;
 				rl_stats_add(RL_STAT_RENEWALS, 1);
+				ps->renewed++;
+				/* late: a retry was late already, and is logged as failing */
+				if (sent > j->due && !j->retry)
+				{
+					ps->late++;
+					ps->late_ms = Max(ps->late_ms, (long) ((sent - j->due) / 1000));
+				}
 			}
 			else if (f == 0)
 			{
@@ -665,111 +824,287 @@ run_jobs(Job *jobs, int *idx, int n, int tidx, RLSharedTarget *target)
 			/* released, or surely expired: the slot is free again */
 			if (f == 1)
 				rl_stats_add(RL_STAT_RELEASED, 1);
+			ps->released++;
 			slot_free(j->slot);
 		}
 	}
 	LWLockRelease(shared->lock);
-	log_target(tidx, target->spec, nfailed, failed_op);
+	return nfailed;
 }
 
 /*
- * One pass: renew what is due, release what exited backends left.  Slots
- * whose last attempt failed wait out their back-off; the others go first,
- * one round per target, so that a target that is down (or slow to answer)
- * delays the healthy ones at most once, when it starts failing.  Returns
- * how long to sleep until something else is due.
+ * Every job of one target (of one group, see worker_cycle), in rounds of at
+ * most RL_WATCHDOG_BATCH.  Once a whole round failed, the target is taken
+ * for down: the rest of its jobs count as failed attempts without being
+ * sent, so that a Redis that does not answer costs one command_timeout per
+ * cycle, as before rounds were bounded, not one per round.
+ */
+static void
+run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
+{
+	RLTarget   *t = rl_target_from_spec(target->spec);
+	MemoryContext cycle_cxt = CurrentMemoryContext;
+	MemoryContext round_cxt;
+	char	   *problem = NULL;
+	int			nfailed = 0;
+	bool		down = false;
+	int			b;
+
+	round_cxt = AllocSetContextCreate(cycle_cxt, "redis_lock watchdog round",
+									  ALLOCSET_DEFAULT_SIZES);
+	for (b = 0; b < n; b += RL_WATCHDOG_BATCH)
+	{
+		int			m = Min(RL_WATCHDOG_BATCH, n - b);
+		int			f;
+
+		if (down)
+		{
+			TimestampTz now = GetCurrentTimestamp();
+			int			k;
+
+			for (k = b; k < b + m; k++)
+				note_outcome(&jobs[k], true, now);
+			nfailed += m;
+			continue;
+		}
+		MemoryContextSwitchTo(round_cxt);
+		f = run_round(jobs + b, m, t, target, ps, &problem, cycle_cxt);
+		MemoryContextSwitchTo(cycle_cxt);
+		MemoryContextReset(round_cxt);
+		nfailed += f;
+		down = (f == m);
+	}
+	MemoryContextDelete(round_cxt);
+	ps->failed += nfailed;
+	log_target(tidx, target->spec, nfailed, problem);
+}
+
+/* Order of the jobs of a cycle; see worker_cycle */
+static int
+job_cmp(const void *a, const void *b)
+{
+	const Job  *x = (const Job *) a;
+	const Job  *y = (const Job *) b;
+
+	if (x->retry != y->retry)
+		return x->retry ? 1 : -1;
+	if (x->failing != y->failing)
+		return x->failing ? 1 : -1;
+	if (x->target != y->target)
+		return x->target < y->target ? -1 : 1;
+	if (x->due != y->due)
+		return x->due < y->due ? -1 : 1;
+	return x->slot < y->slot ? -1 : x->slot > y->slot ? 1 : 0;
+}
+
+static bool
+same_group(const Job *x, const Job *y)
+{
+	return x->retry == y->retry && x->failing == y->failing && x->target == y->target;
+}
+
+/* The process title (ps) says what the last pass did */
+static void
+report_pass(PassStats *ps, long pass_ms, long scan_ms)
+{
+	char		title[160];
+
+	snprintf(title, sizeof(title),
+			 "last pass: %d renewed, %d released, %d failed in %d rounds, %ld ms (scan %ld ms); %d late",
+			 ps->renewed, ps->released, ps->failed, ps->rounds, pass_ms, scan_ms, ps->late);
+	set_ps_display(title);
+	if (ps->late > 0 &&
+		GetCurrentTimestamp() >= TimestampTzPlusMilliseconds(late_logged_at, LOG_EVERY_MS))
+	{
+		ereport(LOG,
+				(errmsg("redis_lock watchdog renewed %d lock(s) more than a third of their lease after the last renewal, by up to %ld ms",
+						ps->late, ps->late_ms),
+				 errdetail("The pass renewed %d and released %d lock(s) in %d round(s) and took %ld ms.",
+						   ps->renewed, ps->released, ps->rounds, pass_ms),
+				 errhint("The worker was held up, or cannot keep up with this many locks: consider a longer redis_lock.lease_time.")));
+		late_logged_at = GetCurrentTimestamp();
+	}
+}
+
+/* Urgency of the jobs of a cycle, to pick the RL_WATCHDOG_CYCLE_JOBS first */
+static int
+job_urgency_cmp(const void *a, const void *b)
+{
+	const Job  *x = (const Job *) a;
+	const Job  *y = (const Job *) b;
+
+	if (x->retry != y->retry)
+		return x->retry ? 1 : -1;
+	if (x->failing != y->failing)
+		return x->failing ? 1 : -1;
+	if (x->due != y->due)
+		return x->due < y->due ? -1 : 1;
+	return x->slot < y->slot ? -1 : x->slot > y->slot ? 1 : 0;
+}
+
+/*
+ * One cycle: renew what is due, release what exited backends left.  The
+ * registry's lock is held (shared) to find what is due, again to copy the
+ * names of the jobs taken, and (exclusive) per round to apply its results;
+ * never while names are built, jobs sorted or Redis asked.  Slots whose
+ * last attempt failed wait out their back-off and go last; the others go
+ * first, targets that answered last time before those that did not, so
+ * that a target that is down (or slow to answer) delays the healthy ones at
+ * most once, when it starts failing.  Within a target, jobs go by deadline,
+ * in rounds of RL_WATCHDOG_BATCH.  A cycle takes the RL_WATCHDOG_CYCLE_JOBS
+ * most urgent jobs; the rest wait for the next cycle, which follows at once.
+ * Returns how long to sleep until something else is due.
  */
 static long
 worker_cycle(void)
 {
 	Job		   *jobs;
-	int		   *idx;
 	int			njobs = 0;
+	int			ntaken = 0;
+	int			cap = 64;
 	int			i;
-	int			pass;
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz next_due = TimestampTzPlusMilliseconds(now, 1000);
+	int			g;
+	TimestampTz start = GetCurrentTimestamp();
+	TimestampTz next_due = TimestampTzPlusMilliseconds(start, 1000);
+	TimestampTz now;
 	RLSharedTarget *targets;
+	HASHCTL		ctl;
+	HTAB	   *alive;
+	PassStats	ps;
+	long		scan_ms;
+	int			last_pid = 0;
+	bool		last_alive = false;
 
-	jobs = palloc(sizeof(Job) * Max(shared->nslots, 1));
-	idx = palloc(sizeof(int) * Max(shared->nslots, 1));
+	memset(&ps, 0, sizeof(ps));
+	jobs = palloc(sizeof(Job) * cap);
 	targets = palloc(sizeof(RLSharedTarget) * RL_MAX_TARGETS);
+	ctl.keysize = sizeof(int);
+	ctl.entrysize = sizeof(PidAlive);
+	ctl.hcxt = CurrentMemoryContext;
+	alive = hash_create("redis_lock watchdog backends", 64, &ctl,
+						HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 
-	/* snapshot what needs doing */
+	/* find what needs doing */
 	LWLockAcquire(shared->lock, LW_SHARED);
-	memcpy(targets, shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
 	for (i = 0; i < shared->nslots; i++)
 	{
 		RLSlot	   *s = &shared->slots[i];
-		Job		   *j = &jobs[njobs];
-		TimestampTz due;
+		Job		   *j;
+		JobKind		kind;
+		TimestampTz due = start;
 
 		if (s->state == SLOT_FREE)
 			continue;
-		j->horizon = TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-												 s->st.lease_ms + 2 * rl_command_timeout_ms +
-												 rl_connect_timeout_ms);
-		if (s->state == SLOT_ORPHAN || !backend_alive(s->st.pid))
-			j->kind = JOB_RELEASE;
+		/* a backend's slots often come in runs: ask the cache less */
+		if (s->st.pid != last_pid)
+		{
+			last_pid = s->st.pid;
+			last_alive = backend_alive(alive, last_pid);
+		}
+		if (s->state == SLOT_ORPHAN || !last_alive)
+			kind = JOB_RELEASE;
 		else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&
 				 s->st.session_holds + s->st.xact_holds > 0)
 		{
+			long		ahead = lookahead_ms(s->st.lease_ms);
+			TimestampTz take_at;
+
 			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 3);
-			if (due > now)
+			/* start by due - ahead; take along what is due within ahead more */
+			take_at = Max(TimestampTzPlusMilliseconds(due, -2 * ahead),
+						  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+													  s->st.lease_ms / 6));
+			if (take_at > start)
 			{
-				next_due = Min(next_due, due);
+				next_due = Min(next_due, Max(take_at, TimestampTzPlusMilliseconds(due, -ahead)));
 				continue;
 			}
-			j->kind = JOB_RENEW;
+			kind = JOB_RENEW;
 		}
 		else
 			continue;
-		j->retry = has_failed(i, s->generation);
-		if (j->retry && retries[i].retry_at > now)
+		if (has_failed(i, s->generation) && retries[i].retry_at > start)
 		{
 			next_due = Min(next_due, retries[i].retry_at);
 			continue;
 		}
+		if (njobs == cap)
+		{
+			cap *= 2;
+			jobs = repalloc(jobs, sizeof(Job) * cap);
+		}
+		j = &jobs[njobs++];
+		j->kind = kind;
 		j->slot = i;
 		j->generation = s->generation;
 		j->target = s->target;
+		j->protocol = s->st.protocol;
 		j->lease_ms = s->st.lease_ms;
-		/* the fence counter is not touched by renew or release */
-		memset(&j->names, 0, sizeof(j->names));
-		rl_names_from_key(&j->names, s->st.protocol, "", s->key, CurrentMemoryContext);
-		strlcpy(j->names.owner, s->owner, sizeof(j->names.owner));
-		njobs++;
+		j->due = due;
+		j->horizon = TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+												 s->st.lease_ms + 2 * rl_command_timeout_ms +
+												 rl_connect_timeout_ms);
+		j->retry = has_failed(i, s->generation);
+		j->failing = target_logs[s->target].failing;
+	}
+	LWLockRelease(shared->lock);
+	scan_ms = (long) ((GetCurrentTimestamp() - start) / 1000);
+
+	/* the most urgent first, and no more than a cycle's worth */
+	if (njobs > RL_WATCHDOG_CYCLE_JOBS)
+	{
+		qsort(jobs, njobs, sizeof(Job), job_urgency_cmp);
+		njobs = RL_WATCHDOG_CYCLE_JOBS;
+	}
+
+	/*
+	 * Copy the names and targets of the jobs taken; a slot that changed
+	 * meanwhile is left for the next cycle.  The targets are copied in the
+	 * same hold: an entry is reused only once no slot points at it.
+	 */
+	LWLockAcquire(shared->lock, LW_SHARED);
+	memcpy(targets, shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
+	for (i = 0; i < njobs; i++)
+	{
+		RLSlot	   *s = &shared->slots[jobs[i].slot];
+
+		if (s->generation != jobs[i].generation || s->state == SLOT_FREE ||
+			s->target != jobs[i].target)
+			continue;
+		jobs[ntaken] = jobs[i];
+		jobs[ntaken].key = pstrdup(s->key);
+		jobs[ntaken].owner = pstrdup(s->owner);
+		ntaken++;
 	}
 	LWLockRelease(shared->lock);
 
 	/*
-	 * pass 0: slots doing fine, on targets that answered last time first;
-	 * pass 1: slots whose last attempt failed
+	 * Slots doing fine first, those whose last attempt failed last; within
+	 * each, targets that answered last time first; per target by deadline.
 	 */
-	for (pass = 0; pass < 2 && njobs > 0; pass++)
+	if (ntaken > 1)
+		qsort(jobs, ntaken, sizeof(Job), job_cmp);
+	for (g = 0; g < ntaken;)
 	{
-		int			k;
+		int			e = g + 1;
 
-		for (k = 0; k < 2 * RL_MAX_TARGETS; k++)
-		{
-			int			t = k % RL_MAX_TARGETS;
-			int			n = 0;
-
-			if (target_logs[t].failing != (k >= RL_MAX_TARGETS))
-				continue;
-
-			for (i = 0; i < njobs; i++)
-				if (jobs[i].target == t && jobs[i].retry == (pass == 1))
-					idx[n++] = i;
-			if (n > 0)
-				run_jobs(jobs, idx, n, t, &targets[t]);
-		}
+		while (e < ntaken && same_group(&jobs[g], &jobs[e]))
+			e++;
+		run_target(jobs + g, e - g, jobs[g].target, &targets[jobs[g].target], &ps);
+		g = e;
 	}
 	explicit_bzero(targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
 
-	/* with work done, look again at once: its results moved the due times */
+	now = GetCurrentTimestamp();
 	if (njobs > 0)
+	{
+		long		pass_ms = (long) ((now - start) / 1000);
+
+		note_pass(pass_ms);
+		report_pass(&ps, pass_ms, scan_ms);
+		/* look again at once: the results moved the due times */
 		return 1;
+	}
 	return Max(1, (long) ((next_due - now + 999) / 1000));
 }
 
@@ -805,6 +1140,8 @@ rl_watchdog_main(Datum arg)
 		sleep_ms = worker_cycle();
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(cxt);
+		pg_atomic_write_u64(&shared->worker_wakes_at,
+							(uint64) TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms));
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 sleep_ms, rl_wait_event(RL_WAIT_WATCHDOG));
