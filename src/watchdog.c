@@ -533,9 +533,10 @@ typedef struct Job
  * locks due close together go in the same rounds (not one cycle, and one
  * scan of the registry, per lock).  The lookahead is the longest of the
  * last LOOKAHEAD_CYCLES cycles that did work, plus a margin for the
- * worker being descheduled on a busy machine (lease/12: a quarter of a
- * period; with a 100 ms margin, 100 000 locks on a loaded 2-core machine
- * were renewed up to 15 ms late, bench/run watchdog_scale, 2026-11-23);
+ * worker being descheduled on a busy machine (LOOKAHEAD_MARGIN_MS, or
+ * lease/30 if less: renewing up to a tenth of a period early; with 100 ms,
+ * 100 000 locks with a 6 s lease on a loaded 2-core machine were renewed up
+ * to 15 ms late, bench/run watchdog_scale, 2026-11-23);
  * cycles are bounded by RL_WATCHDOG_CYCLE_JOBS, so it stays short.  Only
  * recent cycles count, so that one stall (the worker descheduled, a round
  * that timed out) does not make every lock renew early for long: that
@@ -546,6 +547,7 @@ typedef struct Job
  * the cycles get; when they are slower than that, renewals are late and the
  * worker says so in the log.
  */
+#define LOOKAHEAD_MARGIN_MS		250
 #define LOOKAHEAD_CYCLES		16
 
 static long cycle_ms[LOOKAHEAD_CYCLES];	/* the last cycles that did work */
@@ -556,7 +558,7 @@ static long cycle_max_ms = 0;	/* the longest of them */
 static long
 lookahead_ms(int64 lease_ms)
 {
-	int64		margin = lease_ms / 12;
+	int64		margin = Min(LOOKAHEAD_MARGIN_MS, lease_ms / 30);
 
 	return (long) Min(cycle_max_ms + margin, lease_ms / 6);
 }
