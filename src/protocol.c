@@ -714,6 +714,39 @@ rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 }
 
 /*
+ * Random bits of simple-protocol tokens, drawn from pg_strong_random a pool
+ * at a time: each call costs OpenSSL a fixed several thousand instructions
+ * (and a getpid() for its fork check) whatever its length, more than the
+ * rest of an uncontended acquire.  Every token still gets bytes of its own,
+ * never reused.  The pool belongs to the process that filled it: a child
+ * forked with it would otherwise repeat its parent's tokens.
+ */
+#define RL_TOKEN_BYTES	16
+#define RL_TOKEN_POOL	32		/* tokens per pg_strong_random call */
+
+static const uint8 *
+token_random_bytes(void)
+{
+	static uint8 pool[RL_TOKEN_POOL * RL_TOKEN_BYTES];
+	static int	next = RL_TOKEN_POOL;
+	static int	pool_pid = 0;
+	const uint8 *r;
+
+	if (next >= RL_TOKEN_POOL || pool_pid != MyProcPid)
+	{
+		if (!pg_strong_random(pool, sizeof(pool)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate a random lock token")));
+		next = 0;
+		pool_pid = MyProcPid;
+	}
+	r = &pool[next * RL_TOKEN_BYTES];
+	next++;
+	return r;
+}
+
+/*
  * A fresh owner identity.  simple: marker + 128 random bits as hex, unique
  * per grant.  redisson and read holds: this backend's "<uuid>:<pid>", like
  * Redisson's "<client uuid>:<thread id>"; write holds: that + ":write".
@@ -746,14 +779,9 @@ rl_new_owner(RLProtocol protocol, char *owner)
 	}
 	else
 	{
-		uint8		r[16];
-
-		if (!pg_strong_random(r, sizeof(r)))
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random lock token")));
 		memcpy(owner, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
-		hex_encode_bytes(r, 16, owner + strlen(RL_TOKEN_MARKER));
+		hex_encode_bytes(token_random_bytes(), RL_TOKEN_BYTES,
+						 owner + strlen(RL_TOKEN_MARKER));
 	}
 }
 
