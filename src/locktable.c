@@ -1494,7 +1494,8 @@ any_xact_holds(void)
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 
-	if (held == NULL)
+	/* every transaction hold has its record in the log (add_hold) */
+	if (held == NULL || xact_log_len == 0)
 		return false;
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
@@ -1524,7 +1525,8 @@ verify_xact_locks(void)
 	int			i;
 	MemoryContext old;
 
-	if (!rl_verify_on_commit || held == NULL)
+	/* no transaction hold taken: nothing to verify, and no scan */
+	if (!rl_verify_on_commit || held == NULL || xact_log_len == 0)
 		return;
 	old = MemoryContextSwitchTo(work_cxt);
 	ents = palloc(sizeof(RLHeld *) * Max(hash_get_num_entries(held), 1));
@@ -1603,6 +1605,18 @@ end_of_xact(void)
 
 	if (held == NULL)
 		return;
+
+	/*
+	 * Every transaction hold has its record in the log (add_hold), so an
+	 * empty log means there is none to drop: skip the scan of the table,
+	 * which every transaction of a session that ever used a lock would pay.
+	 */
+	if (xact_log_len == 0 && ndirty_subs == 0 && nqueued <= 0)
+	{
+		xact_log_reset();
+		maybe_shrink();
+		return;
+	}
 	xact_log_reset();
 	old = MemoryContextSwitchTo(work_cxt);
 	(void) drop_scope(RL_SCOPE_XACT, &ents, &n);

@@ -658,18 +658,37 @@ rw_read_timeout_key(const RLLockNames *n)
 }
 
 /*
- * Fill names for a Redis key (prefix already applied) under the given
- * protocol; prefix is needed again for the fence counter's name.  The
- * strings are allocated in cxt; owner is left empty (see rl_new_owner).
+ * a, b, c and d one after the other, palloc'd: the simple layout's names
+ * are built on every acquire, where psprintf's format parsing cost more
+ * than the rest of building them.
  */
-void
-rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
-				  const char *key, MemoryContext cxt)
+static char *
+concat4(const char *a, const char *b, const char *c, const char *d)
 {
-	MemoryContext old = MemoryContextSwitchTo(cxt);
+	size_t		la = strlen(a);
+	size_t		lb = strlen(b);
+	size_t		lc = strlen(c);
+	size_t		ld = strlen(d);
+	char	   *out = palloc(la + lb + lc + ld + 1);
 
+	memcpy(out, a, la);
+	memcpy(out + la, b, lb);
+	memcpy(out + la + lb, c, lc);
+	memcpy(out + la + lb + lc, d, ld + 1);
+	return out;
+}
+
+/*
+ * Fill names around key, already allocated in the current memory context
+ * (the prefix applied); prefix is needed again for the fence counter's
+ * name.
+ */
+static void
+names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
+				 char *key)
+{
 	names->protocol = protocol;
-	names->key = pstrdup(key);
+	names->key = key;
 	names->keylen = strlen(key);
 	names->owner[0] = '\0';
 
@@ -689,16 +708,30 @@ rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 		uint16		slot = rl_key_slot(names->key, names->keylen);
 
 		if (has_hash_tag(names->key, names->keylen))
-			names->channel = psprintf("redis_lock:release:%s", names->key);
+			names->channel = concat4("redis_lock:release:", names->key, "", "");
 		else
-			names->channel = psprintf("redis_lock:release:{%s}", names->key);
+			names->channel = concat4("redis_lock:release:{", names->key, "}", "");
 		if (slot_tags == NULL)
 			build_slot_tags();
-		names->fence_key = psprintf("%sredis_lock:fence:{%s}",
-									prefix ? prefix : "", slot_tags[slot]);
+		names->fence_key = concat4(prefix ? prefix : "", "redis_lock:fence:{",
+								   slot_tags[slot], "}");
 		/* a hash tag inside the prefix decides the slot of both keys */
 		Assert(rl_key_slot(names->fence_key, strlen(names->fence_key)) == slot);
 	}
+}
+
+/*
+ * Fill names for a Redis key (prefix already applied) under the given
+ * protocol; prefix is needed again for the fence counter's name.  The
+ * strings are allocated in cxt; owner is left empty (see rl_new_owner).
+ */
+void
+rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
+				  const char *key, MemoryContext cxt)
+{
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+
+	names_around_key(names, protocol, prefix, pstrdup(key));
 	MemoryContextSwitchTo(old);
 }
 
@@ -707,10 +740,44 @@ void
 rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 			   const char *lock_name, MemoryContext cxt)
 {
-	char	   *key = psprintf("%s%s", prefix ? prefix : "", lock_name);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
 
-	rl_names_from_key(names, protocol, prefix, key, cxt);
-	pfree(key);
+	names_around_key(names, protocol, prefix,
+					 concat4(prefix ? prefix : "", lock_name, "", ""));
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Random bits of simple-protocol tokens, drawn from pg_strong_random a pool
+ * at a time: each call costs OpenSSL a fixed several thousand instructions
+ * (and a getpid() for its fork check) whatever its length, more than the
+ * rest of an uncontended acquire.  Every token still gets bytes of its own,
+ * never reused.  The pool belongs to the process that filled it: a child
+ * forked with it would otherwise repeat its parent's tokens.
+ */
+#define RL_TOKEN_BYTES	16
+#define RL_TOKEN_POOL	32		/* tokens per pg_strong_random call */
+
+static const uint8 *
+token_random_bytes(void)
+{
+	static uint8 pool[RL_TOKEN_POOL * RL_TOKEN_BYTES];
+	static int	next = RL_TOKEN_POOL;
+	static int	pool_pid = 0;
+	const uint8 *r;
+
+	if (next >= RL_TOKEN_POOL || pool_pid != MyProcPid)
+	{
+		if (!pg_strong_random(pool, sizeof(pool)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate a random lock token")));
+		next = 0;
+		pool_pid = MyProcPid;
+	}
+	r = &pool[next * RL_TOKEN_BYTES];
+	next++;
+	return r;
 }
 
 /*
@@ -746,14 +813,9 @@ rl_new_owner(RLProtocol protocol, char *owner)
 	}
 	else
 	{
-		uint8		r[16];
-
-		if (!pg_strong_random(r, sizeof(r)))
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random lock token")));
 		memcpy(owner, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
-		hex_encode_bytes(r, 16, owner + strlen(RL_TOKEN_MARKER));
+		hex_encode_bytes(token_random_bytes(), RL_TOKEN_BYTES,
+						 owner + strlen(RL_TOKEN_MARKER));
 	}
 }
 

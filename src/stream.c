@@ -6,7 +6,8 @@
  *	  (the settings' CA, client certificate and verification mode, SNI,
  *	  TLS 1.2 or later), the queue of formatted commands not yet written,
  *	  and the hiredis reply reader the received bytes are fed to.  hiredis
- *	  is used only as a RESP codec: command formatting and its reader.
+ *	  is used only as a RESP codec, for its reader: commands are formatted
+ *	  here.
  *
  *	  Nothing here waits: every call does what the socket allows now and
  *	  says which socket events would let it go on (rl_stream_events); the
@@ -546,18 +547,41 @@ rl_stream_events(const RLStream *s)
  * Writing
  * ----------------------------------------------------------------
  */
+/* Decimal digits of n, written at p; returns how many */
+static int
+put_decimal(char *p, size_t n)
+{
+	char		tmp[20];
+	int			len = 0;
+	int			i;
+
+	do
+	{
+		tmp[len++] = '0' + n % 10;
+		n /= 10;
+	} while (n > 0);
+	for (i = 0; i < len; i++)
+		p[i] = tmp[len - 1 - i];
+	return len;
+}
+
 /*
- * Format one command (RESP) and queue it behind what is not yet written;
- * nothing is sent until rl_stream_write.  Raises only when out of memory.
+ * Format one command (RESP: "*argc", then "$len" and the bytes of each
+ * argument) and queue it behind what is not yet written; nothing is sent
+ * until rl_stream_write.  Written straight into the queue: hiredis'
+ * redisFormatCommandArgv costs a malloc, a copy and an sprintf per
+ * argument, several thousand instructions per command.  Raises only when
+ * out of memory.
  */
 void
 rl_stream_append(RLStream *s, int argc, const char **argv, const size_t *argvlen)
 {
-	char	   *cmd = NULL;
-	int			len = redisFormatCommandArgv(&cmd, argc, argv, argvlen);
+	size_t		len = 1 + 20 + 2;	/* "*<argc>\r\n" at most */
+	char	   *p;
+	int			i;
 
-	if (len < 0)
-		elog(ERROR, "out of memory formatting a Redis command");
+	for (i = 0; i < argc; i++)
+		len += 1 + 20 + 2 + argvlen[i] + 2;
 	if (s->outsent == s->outlen)
 		s->outsent = s->outlen = 0;
 	if (s->outlen + len > s->outcap)
@@ -567,9 +591,23 @@ rl_stream_append(RLStream *s, int argc, const char **argv, const size_t *argvlen
 			MemoryContextAlloc(TopMemoryContext, s->outcap) :
 			repalloc(s->out, s->outcap);
 	}
-	memcpy(s->out + s->outlen, cmd, len);
-	s->outlen += len;
-	redisFreeCommand(cmd);
+	p = s->out + s->outlen;
+	*p++ = '*';
+	p += put_decimal(p, (size_t) argc);
+	*p++ = '\r';
+	*p++ = '\n';
+	for (i = 0; i < argc; i++)
+	{
+		*p++ = '$';
+		p += put_decimal(p, argvlen[i]);
+		*p++ = '\r';
+		*p++ = '\n';
+		memcpy(p, argv[i], argvlen[i]);
+		p += argvlen[i];
+		*p++ = '\r';
+		*p++ = '\n';
+	}
+	s->outlen = p - s->out;
 }
 
 /* Are queued command bytes still waiting to be written? */
