@@ -913,6 +913,9 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 	uint64		queue_id = local_queue_id(e);
 
 	rl_stats_add(RL_STAT_WAITS, 1);
+	/* no Redlock grants below the quorum kept while sleeping in the queue */
+	if (queue_id != 0 && op->yes > 0)
+		(void) release_partial_grants(e, op);
 	if (queue_id != 0 && !rl_waitq_join(queue_id) &&
 		!rl_waitq_wait_turn(deadline))
 	{
@@ -1188,6 +1191,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	RLHeld	   *e;
 	RLLockOp	op;
 	AcqOutcome	outcome;
+	bool		doubt;
 	int64		lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
 	bool		watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
 
@@ -1205,15 +1209,19 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 		}
 		e = NULL;
 	}
+	doubt = e != NULL;
 	e = entry_for_attempt(e, mode, name, lease_ms);
 
 	/*
 	 * Behind local waiters, a newcomer that may wait joins their queue
-	 * without trying first: they are served in arrival order.
+	 * without trying first: they are served in arrival order.  Not a doubt
+	 * retried: its first attempt also settles what an earlier one left.
 	 */
-	if (wait_ms > 0 && rl_waitq_has_waiters(local_queue_id(e)))
+	if (wait_ms > 0 && !doubt && rl_waitq_any() &&
+		rl_waitq_has_waiters(local_queue_id(e)))
 	{
 		op_init(&op, RL_OP_ACQUIRE, e, lease_ms);
+		e->expires_at = doubt_horizon(lease_ms);
 		outcome = ACQ_BUSY;
 	}
 	else
@@ -1460,6 +1468,7 @@ rl_extend(const char *name, int64 ttl_ms)
 {
 	RLHeld	   *e;
 	int64		lease_ms;
+	bool		watchdog;
 
 	rl_safe_point();
 	e = entry_find(RL_MODE_EXCLUSIVE, name);
@@ -1471,6 +1480,18 @@ rl_extend(const char *name, int64 ttl_ms)
 		return false;
 	}
 	lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
+	watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
+
+	/*
+	 * A renewal the worker has already taken out would put the old lease
+	 * back after ours: take the lock out of renewal first (the registry
+	 * then drops that renewal), and restart it below with the new lease.
+	 */
+	if (e->watchdog && !e->lost && (!watchdog || lease_ms != e->lease_ms))
+	{
+		e->watchdog = false;
+		registry_sync(e, false);
+	}
 	if (e->lost || !verify_and_refresh(e, lease_ms))
 	{
 		mark_lost(e);
@@ -1479,7 +1500,7 @@ rl_extend(const char *name, int64 ttl_ms)
 	}
 	/* an explicit ttl is a fixed lease; NULL hands it (back) to the watchdog */
 	e->lease_ms = lease_ms;
-	e->watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
+	e->watchdog = watchdog;
 	registry_sync(e, true);
 	return true;
 }

@@ -54,6 +54,9 @@
  */
 #define RL_MAX_REPLY_ELEMENTS	(1 << 20)
 
+/* Bytes of command buffer a connection keeps between round trips */
+#define RL_STREAM_OUT_KEEP	(64 * 1024)
+
 struct RLStream
 {
 	pgsocket	sock;
@@ -665,6 +668,17 @@ rl_stream_write(RLStream *s, bool *progress, RLStreamFailure *failure, char **re
 		}
 		s->outsent += w;
 		*progress = true;
+	}
+
+	/*
+	 * All written: the buffer of a large pipeline (release_all of 10 000
+	 * locks: megabytes) is not kept for the connection's life.
+	 */
+	if (s->outcap > RL_STREAM_OUT_KEEP)
+	{
+		pfree(s->out);
+		s->out = NULL;
+		s->outcap = s->outlen = s->outsent = 0;
 	}
 	return RL_STREAM_DONE;
 }

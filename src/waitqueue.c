@@ -15,8 +15,10 @@
  *	  and foreign clients on the same lock still contend in Redis with the
  *	  leader: the queue orders only this server's waiters.
  *
- *	  Must not: talk to Redis, raise ERROR, or touch any backend's seat but
- *	  its own, except to promote the next waiter when leaving as leader.
+ *	  Must not: talk to Redis, raise an ERROR of its own (a sleeper's
+ *	  CHECK_FOR_INTERRUPTS serves cancel and terminate), or touch any
+ *	  backend's seat but its own, except to promote the next waiter when
+ *	  leaving as leader.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -177,6 +179,13 @@ seat_index(void)
 	procno = MyProc->pgprocno;
 #endif
 	return procno >= 0 && procno < queues->nseats ? procno : -1;
+}
+
+/* Does any backend of this server wait in a queue now?  One atomic read */
+bool
+rl_waitq_any(void)
+{
+	return queues != NULL && pg_atomic_read_u32(&queues->nseated) > 0;
 }
 
 /*

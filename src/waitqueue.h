@@ -18,6 +18,7 @@
 
 extern void rl_waitq_init(void);
 extern uint64 rl_waitq_id(const char *target_spec, const char *key);
+extern bool rl_waitq_any(void);
 extern bool rl_waitq_has_waiters(uint64 lock_id);
 extern bool rl_waitq_join(uint64 lock_id);
 extern bool rl_waitq_wait_turn(TimestampTz deadline);

@@ -376,6 +376,15 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	/* a renewal or loss the worker found for the old holds lands nowhere */
 	if (s->state == SLOT_HELD && holds == 0)
 		s->generation++;
+
+	/*
+	 * Nor is a renewal the worker took out under the old lease sent or
+	 * applied once the lock leaves the watchdog or changes its lease: the
+	 * compare-and-PEXPIRE would put the old lease back over the new one.
+	 */
+	else if (s->state == SLOT_HELD && s->st.watchdog &&
+			 (!st->watchdog || s->st.lease_ms != st->lease_ms))
+		s->generation++;
 	s->state = holds > 0 ? SLOT_HELD : SLOT_RESERVED;
 	s->st.watchdog = st->watchdog;
 	s->st.lost = s->st.lost || st->lost;
@@ -658,6 +667,8 @@ note_outcome(Job *j, bool failed, TimestampTz now)
 static void
 redis_lock_worker_on_shmem_exit(int code, Datum arg)
 {
+	/* a FATAL (out of memory) may have come while the registry was locked */
+	LWLockReleaseAll();
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	if (shared->worker_latch == MyLatch)
 		shared->worker_latch = NULL;
@@ -748,13 +759,34 @@ static int
 run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		  PassStats *ps, char **problem, MemoryContext problem_cxt)
 {
-	RLLockOp   *ops = palloc0(sizeof(RLLockOp) * n);
-	RLLockNames *names = palloc0(sizeof(RLLockNames) * n);
+	RLLockOp   *ops;
+	RLLockNames *names;
 	int			nfailed = 0;
 	TimestampTz sent;
 	TimestampTz now;
 	int			k;
+	int			m = 0;
 
+	/*
+	 * Up to a cycle has passed since the jobs were taken: a slot whose
+	 * generation moved on meanwhile (released, handed to another lock, out
+	 * of the watchdog or given another lease) is not sent.
+	 */
+	LWLockAcquire(shared->lock, LW_SHARED);
+	for (k = 0; k < n; k++)
+	{
+		RLSlot	   *s = &shared->slots[jobs[k].slot];
+
+		if (s->generation == jobs[k].generation && s->state != SLOT_FREE)
+			jobs[m++] = jobs[k];
+	}
+	LWLockRelease(shared->lock);
+	n = m;
+	if (n == 0)
+		return 0;
+
+	ops = palloc0(sizeof(RLLockOp) * n);
+	names = palloc0(sizeof(RLLockNames) * n);
 	for (k = 0; k < n; k++)
 	{
 		Job		   *j = &jobs[k];
@@ -1139,6 +1171,8 @@ rl_watchdog_main(Datum arg)
 		long		sleep_ms;
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 
+		/* busy: a lock registered during the cycle wakes it again */
+		pg_atomic_write_u64(&shared->worker_wakes_at, (uint64) PG_INT64_MAX);
 		sleep_ms = worker_cycle();
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(cxt);
