@@ -916,13 +916,31 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 	/* no Redlock grants below the quorum kept while sleeping in the queue */
 	if (queue_id != 0 && op->yes > 0)
 		(void) release_partial_grants(e, op);
-	if (queue_id != 0 && !rl_waitq_join(queue_id) &&
-		!rl_waitq_wait_turn(deadline))
+	if (queue_id != 0 && !rl_waitq_join(queue_id))
 	{
-		/* the wait ran out behind earlier local waiters */
-		rl_waitq_leave();
-		rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
-		return ACQ_BUSY;
+		if (!rl_waitq_wait_turn(deadline))
+		{
+			/* the wait ran out behind earlier local waiters */
+			rl_waitq_leave();
+			rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
+			return ACQ_BUSY;
+		}
+
+		/*
+		 * Our turn came because the waiter before us stopped waiting, most
+		 * often because it got the lock, and its hold is often over by now:
+		 * try once before subscribing, which a grant makes unnecessary.
+		 */
+		outcome = attempt(e, lease_ms, op);
+		if (outcome == ACQ_GOT || outcome == ACQ_WRONGTYPE ||
+			(outcome == ACQ_UNDECIDED && !redlock))
+		{
+			rl_waitq_leave();
+			rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
+			return outcome;
+		}
+		if (op->yes > 0)
+			(void) release_partial_grants(e, op);
 	}
 	nsubs = rl_target_nodes_or_raise(e->target, e->names.key, e->names.keylen,
 									  subs, true);

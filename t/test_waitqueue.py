@@ -82,10 +82,13 @@ def test_only_the_first_waiter_works_in_redis_and_order_is_fifo(sessions, rc):
         pending.remove(w)
         w.run("SELECT redis_lock_release(%s)", (KEY,))
     assert order == [0, 1, 2, 3, 4], order
-    # per hand-over: the release, the next head's attempt, and at most one
-    # attempt of the head after it that finds the lock still busy
+    # per hand-over at most 4: the release, the woken head's attempt, and
+    # the next head's two that find the lock still held (one on its turn,
+    # one after subscribing).  (Five waiters are too few for this bound to
+    # tell a herd apart; the subscriber count above does, and the next test
+    # bounds the attempts with 16.)
     calls = rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-    assert calls <= 3 * 6, "%d EVALSHA for 6 releases and 5 hand-overs" % calls
+    assert calls <= 4 * 6, "%d EVALSHA for 6 releases and 5 hand-overs" % calls
 
 
 def test_a_newcomer_queues_behind_local_waiters_instead_of_trying_first(sessions, rc):
