@@ -913,22 +913,29 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 	log_target(tidx, target->spec, nfailed, problem);
 }
 
-/* Order of the jobs of a cycle; see worker_cycle */
+/*
+ * Order of jobs: retries last, then jobs of failing targets, then (when
+ * grouping by target) by target, then by deadline; see worker_cycle.
+ */
 static int
-job_cmp(const void *a, const void *b)
+job_order(const Job *x, const Job *y, bool by_target)
 {
-	const Job  *x = (const Job *) a;
-	const Job  *y = (const Job *) b;
-
 	if (x->retry != y->retry)
 		return x->retry ? 1 : -1;
 	if (x->failing != y->failing)
 		return x->failing ? 1 : -1;
-	if (x->target != y->target)
+	if (by_target && x->target != y->target)
 		return x->target < y->target ? -1 : 1;
 	if (x->due != y->due)
 		return x->due < y->due ? -1 : 1;
 	return x->slot < y->slot ? -1 : x->slot > y->slot ? 1 : 0;
+}
+
+/* qsort order of the jobs taken, grouped by target for its rounds */
+static int
+job_cmp(const void *a, const void *b)
+{
+	return job_order((const Job *) a, (const Job *) b, true);
 }
 
 static bool
@@ -964,16 +971,7 @@ report_pass(PassStats *ps, long pass_ms, long scan_ms)
 static int
 job_urgency_cmp(const void *a, const void *b)
 {
-	const Job  *x = (const Job *) a;
-	const Job  *y = (const Job *) b;
-
-	if (x->retry != y->retry)
-		return x->retry ? 1 : -1;
-	if (x->failing != y->failing)
-		return x->failing ? 1 : -1;
-	if (x->due != y->due)
-		return x->due < y->due ? -1 : 1;
-	return x->slot < y->slot ? -1 : x->slot > y->slot ? 1 : 0;
+	return job_order((const Job *) a, (const Job *) b, false);
 }
 
 /*
