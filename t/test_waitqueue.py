@@ -292,3 +292,56 @@ def test_two_servers_and_a_redis_py_client_exclude_each_other(redis_srv, pg, rc,
         assert not overlaps, "%d overlapping critical sections" % len(overlaps)
     finally:
         other.cleanup()
+
+
+def lock_subscribers(rc, name):
+    """Backends subscribed in Redis for lock name, on any of its channels."""
+    chans = [c for c in rc.pubsub_channels() if name in (c.decode() if isinstance(c, bytes) else c)]
+    return sum(n for _, n in rc.pubsub_numsub(*chans)) if chans else 0
+
+
+def test_read_holds_do_not_queue_locally(sessions, rc):
+    """Read holds share the lock: each waiting reader works in Redis itself,
+    and all of them get it at the writer's release."""
+    writer, admin = sessions(), sessions()
+    assert writer.run("SELECT redis_lock_acquire_write('rq')") is True
+    readers = [sessions() for _ in range(3)]
+    for r in readers:
+        r.start("SELECT redis_lock_acquire_read('rq', wait => '30s')")
+        wait_for_wait_event(admin.conn, r.pid)
+    testbed.wait_until(lambda: lock_subscribers(rc, "rq") >= 3, 5,
+                       what="every waiting reader subscribed")
+    writer.run("SELECT redis_lock_release_write('rq')")
+    for r in readers:
+        r.join(5)
+        assert r.error is None and r.result is True
+
+
+def test_without_preload_every_waiter_works_in_redis(redis_srv, rc):
+    """The queue needs shared memory: without preloading, each waiter
+    subscribes (and retries) in Redis, as before the queue existed."""
+    plain = testbed.Postgres(preload=False, conf={"redis_lock.url": redis_srv.url}).init().start()
+    try:
+        plain.with_extension()
+        holder = plain.connect()
+        admin = plain.connect()
+        testbed.sql_one(holder, "SELECT redis_lock_acquire('np') > 0")
+        conns, threads = [], []
+        for _ in range(3):
+            c = plain.connect()
+            conns.append(c)
+            pid = testbed.sql_one(c, "SELECT pg_backend_pid()")
+            t = threading.Thread(target=lambda c=c: c.cursor().execute(
+                "SELECT redis_lock_acquire('np', wait => '30s') > 0 "
+                "AND redis_lock_release('np')"), daemon=True)
+            t.start()
+            threads.append(t)
+            wait_for_wait_event(admin, pid)
+        testbed.wait_until(lambda: lock_subscribers(rc, "np") >= 6, 5,
+                           what="three waiters subscribed to the channel and the keyspace")
+        testbed.sql_one(holder, "SELECT redis_lock_release('np')")
+        for t in threads:
+            t.join(10)
+            assert not t.is_alive()
+    finally:
+        plain.cleanup()
