@@ -1502,12 +1502,15 @@ rl_extend(const char *name, int64 ttl_ms)
 
 	/*
 	 * A renewal the worker has already taken out would put the old lease
-	 * back after ours: take the lock out of renewal first (the registry
-	 * then drops that renewal), and restart it below with the new lease.
+	 * back after ours.  Give the registry the new lease first: the slot
+	 * moves to a new generation, so that renewal is dropped, and any later
+	 * one carries the new lease, which our PEXPIRE sets anyway.  Should the
+	 * round trip below fail, the lock is still renewed, with the lease the
+	 * session now believes in.
 	 */
-	if (e->watchdog && !e->lost && (!watchdog || lease_ms != e->lease_ms))
+	if (e->watchdog && !e->lost && lease_ms != e->lease_ms)
 	{
-		e->watchdog = false;
+		e->lease_ms = lease_ms;
 		registry_sync(e, false);
 	}
 	if (e->lost || !verify_and_refresh(e, lease_ms))
