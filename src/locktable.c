@@ -8,11 +8,18 @@
  *
  *	  An entry with zero holds is a *doubt*: a grant or a release whose
  *	  outcome we could not learn (connection lost, interrupt, timeout).  The
- *	  session never counts it as held; it is settled by an idempotent
- *	  compare-and-delete at the next safe point (next redis_lock call,
- *	  transaction end, backend exit) or forgotten once its lease has surely
- *	  run out.  So no error leaves the session believing it holds a lock it
- *	  does not, and no unknown grant is left in Redis longer than needed.
+ *	  session never counts it as held.  With preloading it is handed to the
+ *	  watchdog worker at once (at the transaction or subtransaction abort
+ *	  that follows an interrupted call, at COMMIT, or where it arose), which
+ *	  settles it with an idempotent compare-and-delete as soon as Redis
+ *	  answers, whether or not this session ever calls again; the entry stays
+ *	  behind, so that acting on the same lock again first takes it back from
+ *	  the worker (the same owner must not race the worker's release).
+ *	  Without preloading it is settled at the next safe point (next
+ *	  redis_lock call, transaction end, backend exit) or forgotten once its
+ *	  lease has surely run out.  So no error leaves the session believing it
+ *	  holds a lock it does not, and no unknown grant is left in Redis longer
+ *	  than needed.
  *
  *	  Must not: call hiredis (transport.c and stream.c do; its header is
  *	  included here only for the REDIS_REPLY_* codes of an RLReply's type),
@@ -43,7 +50,8 @@
 #define RL_EXIT_TIMEOUT_MS	500
 
 static HTAB *held = NULL;
-static int	ndoubts = 0;		/* entries with zero holds */
+static int	ndoubts = 0;		/* entries with zero holds, not handed */
+static int	nhanded = 0;		/* doubts handed to the worker */
 static int	nqueued = 0;		/* entries with queued_ms set */
 static MemoryContext work_cxt = NULL;
 static MemoryContext names_cxt = NULL;	/* the entries' key/channel strings */
@@ -262,12 +270,40 @@ registry_drop(RLHeld *e)
 	e->registry_slot = -1;
 }
 
-/* The backend exits without having released it: the worker takes over */
+/*
+ * A doubt goes to the watchdog worker, which releases it whenever Redis
+ * answers (the backend exits, or it is a doubt that no round trip of this
+ * session should wait for).  The entry stays, marked handed, until the
+ * worker is done or it is taken back.
+ */
 static void
-registry_hand_to_worker(RLHeld *e)
+hand_to_worker(RLHeld *e)
 {
-	rl_registry_orphan(e->registry_slot);
-	e->registry_slot = -1;
+	Assert(RL_HOLDS(e) == 0 && !e->handed && e->registry_slot >= 0);
+	e->handed_gen = rl_registry_hand_off(e->registry_slot, e->expires_at,
+										 e->late_grant);
+	e->handed = true;
+	ndoubts--;
+	nhanded++;
+}
+
+/*
+ * Take a handed doubt back from the worker, waiting out a release of the
+ * worker's under way.  Returns false when the worker settled it already:
+ * then the slot is no longer the entry's.
+ */
+static bool
+take_back_from_worker(RLHeld *e)
+{
+	bool		ours = rl_registry_reclaim(e->registry_slot, e->handed_gen);
+
+	Assert(e->handed);
+	e->handed = false;
+	nhanded--;
+	ndoubts++;
+	if (!ours)
+		e->registry_slot = -1;
+	return ours;
 }
 
 static bool
@@ -279,6 +315,9 @@ registry_says_lost(RLHeld *e)
 static void
 entry_remove(RLHeld *e)
 {
+	/* its release is ours again, and is dropped with the entry */
+	if (e->handed)
+		(void) take_back_from_worker(e);
 	if (RL_HOLDS(e) == 0)
 		ndoubts--;
 	if (e->queued_ms > 0)
@@ -354,6 +393,7 @@ became_doubt(RLHeld *e)
 	Assert(RL_HOLDS(e) == 0);
 	ndoubts++;
 	e->watchdog = false;
+	e->late_grant = false;
 	e->expires_at = doubt_horizon(e->lease_ms);
 	registry_sync(e, false);
 }
@@ -613,10 +653,13 @@ release_entries(RLHeld **ents, int n, RLRunMode mode, int *results)
  * WARNINGs and a missing key is reported lost; doubts (warn NULL or unset)
  * are settled quietly.
  * Entries whose outcome stays unknown remain as doubts.  Interrupts are held
- * so the bounded wait cannot be cut short by a cancel.
+ * so the bounded wait is not cut short by a cancel at once (a cancel or
+ * terminate that comes meanwhile cuts it to RL_HELD_WAIT_CUT_MS, see
+ * transport.c), unless interruptible: then a cancel ends it with an ERROR,
+ * leaving every entry as it was.
  */
 static void
-release_soft(RLHeld **ents, int n, const bool *warn)
+release_soft(RLHeld **ents, int n, const bool *warn, bool interruptible)
 {
 	int		   *results;
 	RLLockOp   *ops;
@@ -625,9 +668,11 @@ release_soft(RLHeld **ents, int n, const bool *warn)
 	if (n == 0)
 		return;
 	results = palloc(sizeof(int) * n);
-	HOLD_INTERRUPTS();
+	if (!interruptible)
+		HOLD_INTERRUPTS();
 	ops = release_entries(ents, n, RL_RUN_SOFT, results);
-	RESUME_INTERRUPTS();
+	if (!interruptible)
+		RESUME_INTERRUPTS();
 	for (i = 0; i < n; i++)
 	{
 		RLHeld	   *e = ents[i];
@@ -666,8 +711,10 @@ warn_for_all(int n)
  */
 
 /*
- * Settle doubts: forget those whose lease has surely run out, send an
- * idempotent compare-and-delete for the rest.  Never raises.
+ * Settle doubts here (without preloading, or those without a registry
+ * slot): forget those whose lease has surely run out, send an idempotent
+ * compare-and-delete for the rest.  Cancel interrupts it like any call: the
+ * doubts stay as they were.
  */
 static void
 settle_doubts(void)
@@ -687,18 +734,72 @@ settle_doubts(void)
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (RL_HOLDS(e) != 0)
+		if (RL_HOLDS(e) != 0 || e->handed)
 			continue;
 		if (e->expires_at != 0 && now > e->expires_at)
 			entry_remove(e);
 		else if (n < cap)
 			ents[n++] = e;
 	}
-	release_soft(ents, n, NULL);
+	release_soft(ents, n, NULL, true);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
-	/* a cancel that came while the release held interrupts is served now */
-	CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * Hand every doubt to the watchdog worker (with preloading): no round trip
+ * here, and none that a cancel would have to wait for.  A doubt without a
+ * registry slot stays for settle_doubts; one of an entry never tried is
+ * dropped, nothing of it can be in Redis.
+ */
+static void
+hand_doubts_to_worker(void)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+
+	if (ndoubts <= 0 || held == NULL || !rl_watchdog_enabled())
+		return;
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (RL_HOLDS(e) != 0 || e->handed)
+			continue;
+		if (e->expires_at == 0)
+			entry_remove(e);
+		else if (e->registry_slot >= 0)
+			hand_to_worker(e);
+	}
+}
+
+/*
+ * Forget the handed doubts the worker has settled.  Scanning the table only
+ * when the shared settled-event counter moved keeps this O(1) per call.
+ */
+static void
+forget_settled_doubts(void)
+{
+	static uint32 seen_events = 0;
+	uint32		events;
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+
+	events = rl_registry_settled_events();
+	if (events == seen_events)
+		return;
+	seen_events = events;
+	hash_seq_init(&seq, held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (e->handed && !rl_registry_handed(e->registry_slot, e->handed_gen))
+		{
+			e->handed = false;
+			nhanded--;
+			ndoubts++;
+			e->registry_slot = -1;
+			entry_remove(e);
+		}
+	}
 }
 
 static void
@@ -790,6 +891,10 @@ rl_safe_point(void)
 		clean_dirty_subs();
 	if (nqueued > 0)
 		leave_queues();
+	if (nhanded > 0)
+		forget_settled_doubts();
+	if (ndoubts > 0)
+		hand_doubts_to_worker();
 	if (ndoubts > 0)
 		settle_doubts();
 	report_lost();
@@ -817,7 +922,10 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
 	op_init(op, RL_OP_ACQUIRE, e, lease_ms);
 	op->queue_wait_ms = e->queued_ms;
 	e->expires_at = doubt_horizon(lease_ms);
+	e->late_grant = true;		/* until we know: a cancel may cut it short */
 	rl_lock_ops_run(op, 1, RL_RUN_HARD);
+	/* only a node that failed once our bytes may have reached it runs it late */
+	e->late_grant = op->failed > 0 && op->maybe_ran;
 	if (op->wrongtype != NULL)
 		return ACQ_WRONGTYPE;
 	if (rl_op_granted(op))
@@ -1076,6 +1184,12 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 {
 	RLHeld	   *e = doubt;
 
+	/* settled by the worker meanwhile: nothing of it is left */
+	if (e != NULL && e->handed && !take_back_from_worker(e))
+	{
+		entry_remove(e);
+		e = NULL;
+	}
 	if (e != NULL)
 	{
 		RLLockNames probe;
@@ -1108,7 +1222,7 @@ refuse_unreplicated(RLHeld *e)
 {
 	char	   *name = pstrdup(e->name);
 
-	release_soft(&e, 1, NULL);	/* still a doubt: no holds counted */
+	release_soft(&e, 1, NULL, false);	/* still a doubt: no holds counted */
 	rl_stats_add(RL_STAT_FAILED, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_CONNECTION_FAILURE),
@@ -1155,6 +1269,8 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 			break;
 		default:
 			rl_stats_add(RL_STAT_TIMED_OUT, 1);
+			/* a partial grant not given back is the worker's to settle */
+			hand_doubts_to_worker();
 			break;
 	}
 }
@@ -1350,7 +1466,7 @@ rl_release_one_error_safe(const char *name)
 		return;
 	}
 	became_doubt(e);
-	release_soft(&e, 1, warn_for_all(1));
+	release_soft(&e, 1, warn_for_all(1), false);
 }
 
 /*
@@ -1470,7 +1586,7 @@ rl_discard_session_locks(void)
 		return;
 	old = MemoryContextSwitchTo(work_cxt);
 	(void) drop_scope(RL_SCOPE_SESSION, &ents, &n);
-	release_soft(ents, n, warn_for_all(n));
+	release_soft(ents, n, warn_for_all(n), false);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
 	maybe_shrink();
@@ -1503,7 +1619,8 @@ rl_extend(const char *name, int64 ttl_ms)
 	/*
 	 * A renewal the worker has already taken out would put the old lease
 	 * back after ours.  Give the registry the new lease first: the slot
-	 * moves to a new generation, so that renewal is dropped, and any later
+	 * moves to a new generation, so that renewal is not sent (or, if it is
+	 * under way, we wait for its answer before sending ours), and any later
 	 * one carries the new lease, which our PEXPIRE sets anyway.  Should the
 	 * round trip below fail, the lock is still renewed, with the lease the
 	 * session now believes in.
@@ -1512,6 +1629,7 @@ rl_extend(const char *name, int64 ttl_ms)
 	{
 		e->lease_ms = lease_ms;
 		registry_sync(e, false);
+		rl_registry_wait_idle(e->registry_slot);
 	}
 	if (e->lost || !verify_and_refresh(e, lease_ms))
 	{
@@ -1669,7 +1787,7 @@ end_of_xact(void)
 	 * twice.  So do the locks whose verify at COMMIT just failed.
 	 */
 	n = keep_unreachable_as_doubts(ents, n);
-	release_soft(ents, n, warn_for_all(n));
+	release_soft(ents, n, warn_for_all(n), false);
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
 	/* a wait cut short by an error leaves its fair queue now */
@@ -1703,6 +1821,8 @@ redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 			/* a wait cut short by an error gives up its local seat */
 			rl_waitq_leave();
 			end_of_xact();
+			/* a call cut short left a doubt: the worker settles it now */
+			hand_doubts_to_worker();
 			break;
 		case XACT_EVENT_PREPARE:
 			xact_log_reset();	/* only records of holds found lost */
@@ -1712,13 +1832,36 @@ redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 	}
 }
 
+/* ROLLBACK TO SAVEPOINT: drop the holds the subtransaction took */
+static void
+release_subxact_holds(SubTransactionId mySubid)
+{
+	RLHeld	  **ents;
+	int			n = 0;
+	MemoryContext old = MemoryContextSwitchTo(work_cxt);
+
+	ents = palloc(sizeof(RLHeld *) * xact_log_len);
+	while (xact_log_len > 0 && xact_log[xact_log_len - 1].subid == mySubid)
+	{
+		XactHold   *h = &xact_log[--xact_log_len];
+		RLHeld	   *e = hash_search(held, h->hkey, HASH_FIND, NULL);
+
+		pfree(h->hkey);
+		if (e != NULL && e->xact_holds > 0)
+			drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
+	}
+	release_soft(ents, n, warn_for_all(n), false);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(work_cxt);
+}
+
 /*
  * ROLLBACK TO SAVEPOINT (and a failed PL/pgSQL exception block): drop the
  * transaction holds the subtransaction took and release, in one pipelined
  * round trip, the locks that are free now.  Interrupts are held here, the
  * wait is bounded and failures are WARNINGs.  RELEASE SAVEPOINT hands the
  * holds to the parent.  Nothing to do, and O(1), when no transaction hold
- * was taken.
+ * was taken.  Doubts that an interrupted call left go to the worker.
  */
 static void
 redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
@@ -1726,9 +1869,16 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 {
 	int			i;
 
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-		rl_waitq_leave();
-	if (event == SUBXACT_EVENT_ABORT_SUB && nqueued > 0)
+	if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		for (i = xact_log_len - 1; i >= 0 && xact_log[i].subid == mySubid; i--)
+			xact_log[i].subid = parentSubid;
+		return;
+	}
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	rl_waitq_leave();
+	if (nqueued > 0)
 	{
 		MemoryContext old = MemoryContextSwitchTo(work_cxt);
 
@@ -1736,33 +1886,10 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(work_cxt);
 	}
-	if (xact_log_len == 0)
-		return;
-	if (event == SUBXACT_EVENT_COMMIT_SUB)
-	{
-		for (i = xact_log_len - 1; i >= 0 && xact_log[i].subid == mySubid; i--)
-			xact_log[i].subid = parentSubid;
-	}
-	else if (event == SUBXACT_EVENT_ABORT_SUB && held != NULL)
-	{
-		RLHeld	  **ents;
-		int			n = 0;
-		MemoryContext old = MemoryContextSwitchTo(work_cxt);
-
-		ents = palloc(sizeof(RLHeld *) * xact_log_len);
-		while (xact_log_len > 0 && xact_log[xact_log_len - 1].subid == mySubid)
-		{
-			XactHold   *h = &xact_log[--xact_log_len];
-			RLHeld	   *e = hash_search(held, h->hkey, HASH_FIND, NULL);
-
-			pfree(h->hkey);
-			if (e != NULL && e->xact_holds > 0)
-				drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
-		}
-		release_soft(ents, n, warn_for_all(n));
-		MemoryContextSwitchTo(old);
-		MemoryContextReset(work_cxt);
-	}
+	if (xact_log_len > 0 && held != NULL)
+		release_subxact_holds(mySubid);
+	/* a call cut short (a cancel caught by PL/pgSQL) left a doubt */
+	hand_doubts_to_worker();
 }
 
 /*
@@ -1790,7 +1917,8 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 			e->session_holds = e->xact_holds = 0;
 			became_doubt(e);
 		}
-		if (!e->lost)
+		/* a handed doubt is the worker's already */
+		if (!e->lost && !e->handed)
 			ents[n++] = e;
 	}
 	/*
@@ -1803,7 +1931,7 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_EXIT_TIMEOUT_MS);
 	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_EXIT_TIMEOUT_MS);
 	leave_queues();
-	release_soft(ents, n, NULL);
+	release_soft(ents, n, NULL, false);
 
 	/* what could not be released goes to the watchdog worker */
 	hash_seq_init(&seq, held);
@@ -1811,8 +1939,8 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	{
 		if (e->lost)
 			registry_drop(e);
-		else
-			registry_hand_to_worker(e);
+		else if (!e->handed && e->registry_slot >= 0)
+			hand_to_worker(e);
 	}
 	rl_close_all();
 }

@@ -54,6 +54,11 @@ typedef struct RLHeld
 	int64		queued_ms;		/* redisson_fair: may be in the lock's wait
 								 * queue, joined with this wait; 0: not */
 	int			registry_slot;	/* watchdog registry slot, -1 if none */
+	bool		late_grant;		/* doubt: an acquire whose grant may still
+								 * land in Redis */
+	bool		handed;			/* doubt handed to the watchdog worker, whose
+								 * registry_slot it is until taken back */
+	uint32		handed_gen;		/* the slot's generation when handed */
 } RLHeld;
 
 #define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)

@@ -1204,12 +1204,41 @@ settle_runs(RunConn *runs, int nruns)
 	}
 }
 
+/*
+ * A cancel or terminate came while interrupts are held (a release at
+ * COMMIT, ABORT, backend exit or on an error path): it is served once they
+ * are resumed, so the wait must not hold it off for long, whatever
+ * command_timeout says.
+ */
+static bool
+held_wait_interrupted(void)
+{
+	return InterruptHoldoffCount > 0 && (QueryCancelPending || ProcDiePending);
+}
+
+/* Every pending run of a held wait gets at most RL_HELD_WAIT_CUT_MS more */
+static void
+cut_deadlines(RunConn *runs, int nruns, TimestampTz now)
+{
+	TimestampTz cut = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
+	int			i;
+
+	for (i = 0; i < nruns; i++)
+	{
+		runs[i].connect_deadline = Min(runs[i].connect_deadline, cut);
+		runs[i].deadline = Min(runs[i].deadline, cut);
+		/* a connect that completes after this gets as long for the reply */
+		runs[i].timeout_ms = Min(runs[i].timeout_ms, RL_HELD_WAIT_CUT_MS);
+	}
+}
+
 static void
 run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 {
 	RunConn    *runs;
 	int			nruns;
 	int			i;
+	bool		cut = false;
 
 	runs = group_by_connection(calls, ncalls, timeout_ms, &nruns);
 	write_runs(runs, nruns, GetCurrentTimestamp());
@@ -1218,6 +1247,11 @@ run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 		SockWait	sw;
 		TimestampTz now = GetCurrentTimestamp();
 
+		if (!cut && held_wait_interrupted())
+		{
+			cut_deadlines(runs, nruns, now);
+			cut = true;
+		}
 		if (pending_sockets(runs, nruns, &sw, now) == 0)
 			break;
 		if (wait_sockets(&sw, next_deadline_ms(runs, &sw, now),

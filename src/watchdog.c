@@ -51,7 +51,9 @@ typedef enum RLSlotState
 	SLOT_FREE,
 	SLOT_RESERVED,				/* acquire in flight: outcome not known yet */
 	SLOT_HELD,
-	SLOT_ORPHAN					/* owner exited without releasing it */
+	SLOT_ORPHAN					/* the worker releases it: its owner exited
+								 * without releasing it, or handed it over as
+								 * a doubt (rl_registry_hand_off) */
 } RLSlotState;
 
 /*
@@ -66,6 +68,11 @@ typedef struct RLSlot
 	RLSlotState state;
 	int			target;			/* index into RLShared.targets */
 	uint16		name_off;		/* the name starts at key + name_off */
+	bool		in_flight;		/* the worker has a command for it under way */
+	bool		late_grant;		/* orphan: an acquire whose reply was lost may
+								 * still be run by Redis */
+	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
+								 * late grant (0: last renewal + lease) */
 	RLLockState st;
 	char		key[RL_MAX_KEY_LEN + 1];
 	char		owner[RL_OWNER_LEN + 1];
@@ -92,6 +99,7 @@ typedef struct RLShared
 	LWLock	   *lock;
 	Latch	   *worker_latch;
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
+	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
 	pg_atomic_uint64 worker_wakes_at;	/* TimestampTz the worker sleeps until */
 	RLSharedTarget targets[RL_MAX_TARGETS];
 	int			nslots;
@@ -156,6 +164,7 @@ redis_lock_registry_shmem_startup(void)
 		memset(shared, 0, shared_size());
 		shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
 		pg_atomic_init_u32(&shared->lost_events, 0);
+		pg_atomic_init_u32(&shared->settled_events, 0);
 		pg_atomic_init_u64(&shared->worker_wakes_at, 0);
 		shared->nslots = registry_capacity;
 		shared->nfree = registry_capacity;
@@ -268,6 +277,8 @@ slot_free(int idx)
 	RLSlot	   *s = &shared->slots[idx];
 	RLSharedTarget *st = &shared->targets[s->target];
 
+	if (s->state == SLOT_ORPHAN)
+		pg_atomic_fetch_add_u32(&shared->settled_events, 1);
 	s->generation++;
 	s->state = SLOT_FREE;
 	s->st.pid = 0;
@@ -337,6 +348,9 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s = &shared->slots[idx];
 	s->generation++;
 	s->state = SLOT_RESERVED;
+	s->in_flight = false;
+	s->late_grant = false;
+	s->horizon = 0;
 	s->st.pid = MyProcPid;
 	s->st.dbid = MyDatabaseId;
 	s->target = tidx;
@@ -421,16 +435,119 @@ rl_registry_remove(int slot)
 	LWLockRelease(shared->lock);
 }
 
-/* The backend exits without having released this: the worker takes over */
+/*
+ * The worker takes over the release of this slot's lock: its backend exits
+ * without having released it, or gave up on a grant or release whose
+ * outcome it could not learn (a doubt).  Nothing of it can exist in Redis
+ * after horizon, unless late_grant: an acquire that may still be run by a
+ * Redis that did not answer, which the worker keeps deleting until that
+ * Redis has answered after the horizon.  Returns the slot's generation, by
+ * which its backend can take it back (rl_registry_reclaim).
+ */
+uint32
+rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant)
+{
+	RLSlot	   *s;
+	uint32		generation;
+
+	if (shared == NULL || slot < 0)
+		return 0;
+	s = &shared->slots[slot];
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	s->generation++;			/* a renewal under way lands nowhere */
+	s->state = SLOT_ORPHAN;
+	s->st.watchdog = false;
+	s->st.session_holds = s->st.xact_holds = 0;
+	s->horizon = horizon;
+	s->late_grant = late_grant;
+	generation = s->generation;
+	LWLockRelease(shared->lock);
+	wake_worker();
+	return generation;
+}
+
+/*
+ * Wait until the worker has no command for slot under way (it sends at most
+ * a command_timeout's worth).  Caller holds the registry lock exclusively;
+ * returns with it held.  Cancel and terminate end the wait.
+ */
+static void
+wait_out_worker(RLSlot *s)
+{
+	while (s->in_flight)
+	{
+		LWLockRelease(shared->lock);
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 2, rl_wait_event(RL_WAIT_REPLY));
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	}
+}
+
+/*
+ * Take back a slot handed to the worker, before acting on its lock again
+ * (the same owner would otherwise race the worker's release).  Returns
+ * false when the worker has settled it already (the slot is no longer
+ * ours); true when it is ours again, reserved, with no command of the
+ * worker's under way.
+ */
+bool
+rl_registry_reclaim(int slot, uint32 generation)
+{
+	RLSlot	   *s;
+	bool		ours;
+
+	if (shared == NULL || slot < 0)
+		return false;
+	s = &shared->slots[slot];
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	/* a release under way may settle it: see what it did first */
+	if (s->generation == generation && s->state == SLOT_ORPHAN)
+		wait_out_worker(s);
+	ours = s->generation == generation && s->state == SLOT_ORPHAN;
+	if (ours)
+	{
+		s->generation++;
+		s->state = SLOT_RESERVED;
+		s->late_grant = false;
+		s->horizon = 0;
+	}
+	LWLockRelease(shared->lock);
+	return ours;
+}
+
+/* Is this slot still with the worker, as handed over with generation? */
+bool
+rl_registry_handed(int slot, uint32 generation)
+{
+	if (shared == NULL || slot < 0)
+		return false;
+	pg_read_barrier();
+	return shared->slots[slot].generation == generation &&
+		shared->slots[slot].state == SLOT_ORPHAN;
+}
+
+/* Changes whenever the worker frees an orphan */
+uint32
+rl_registry_settled_events(void)
+{
+	return shared != NULL ? pg_atomic_read_u32(&shared->settled_events) : 0;
+}
+
+/*
+ * Wait until no renewal of slot taken out by the worker is under way: one
+ * sent with an older lease would land after what the caller sends next.
+ * Call after the slot moved to a new generation, so that none is sent anew.
+ */
 void
-rl_registry_orphan(int slot)
+rl_registry_wait_idle(int slot)
 {
 	if (shared == NULL || slot < 0)
 		return;
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	shared->slots[slot].state = SLOT_ORPHAN;
+	wait_out_worker(&shared->slots[slot]);
 	LWLockRelease(shared->lock);
-	wake_worker();
 }
 
 /* Has the worker found this lock lost?  Only our own slot: no lock needed */
@@ -508,6 +625,7 @@ typedef struct Job
 	TimestampTz due;			/* renew: last renewal + lease/3, the latest
 								 * moment to send it; release: now */
 	TimestampTz horizon;		/* the key cannot outlive this */
+	bool		late_grant;		/* release: a grant may still land */
 	bool		retry;			/* its last attempt failed */
 	bool		failing;		/* its target failed last time */
 	char	   *key;
@@ -608,8 +726,10 @@ typedef struct SlotRetry
 {
 	uint32		generation;		/* of the slot when it failed */
 	int			failures;
+	int			answered;		/* late-grant watch: definite answers in a
+								 * row */
 	long		backoff_ms;
-	TimestampTz retry_at;
+	TimestampTz retry_at;		/* not before this (failures, or watching) */
 } SlotRetry;
 
 typedef struct TargetLog
@@ -622,6 +742,19 @@ typedef struct TargetLog
 #define RETRY_FIRST_MS	50
 #define RETRY_MAX_MS	1000
 #define LOG_EVERY_MS	10000
+
+/*
+ * A doubt handed over by a backend (rl_registry_hand_off) is retried at
+ * most this far apart while its Redis fails, so that it is settled soon
+ * after that Redis answers again; one whose grant may still land is checked
+ * again every retry_cap(lease) until its horizon has passed and its Redis
+ * answered twice in a row since (a command queued before those answers has
+ * been run by then).  Past the horizon by DOUBT_GIVE_UP_MS without an
+ * answer, it is dropped: its Redis is gone, or so long frozen that a grant
+ * it still runs is beyond what the worker can watch for.
+ */
+#define DOUBT_RETRY_MAX_MS	100
+#define DOUBT_GIVE_UP_MS	(10 * 60 * 1000)
 
 static SlotRetry *retries = NULL;
 static TargetLog target_logs[RL_MAX_TARGETS];
@@ -640,27 +773,81 @@ has_failed(int slot, uint32 generation)
 	return retries[slot].generation == generation && retries[slot].failures > 0;
 }
 
+/* Is the slot's next attempt scheduled after now (back-off or watch)? */
+static bool
+not_yet(int slot, uint32 generation, TimestampTz now)
+{
+	return retries[slot].generation == generation && retries[slot].retry_at > now;
+}
+
+static SlotRetry *
+slot_retry(Job *j)
+{
+	SlotRetry  *r = &retries[j->slot];
+
+	if (r->generation != j->generation)
+	{
+		memset(r, 0, sizeof(*r));
+		r->generation = j->generation;
+	}
+	return r;
+}
+
 static void
 note_outcome(Job *j, bool failed, TimestampTz now)
 {
-	SlotRetry  *r = &retries[j->slot];
+	SlotRetry  *r = slot_retry(j);
 
 	if (!failed)
 	{
 		r->failures = 0;
+		r->retry_at = 0;
 		return;
 	}
-	if (r->generation != j->generation || r->failures == 0)
-	{
-		r->generation = j->generation;
-		r->failures = 0;
+	if (r->failures == 0)
 		r->backoff_ms = RETRY_FIRST_MS;
-	}
 	else
 		r->backoff_ms = r->backoff_ms * 2;
 	r->backoff_ms = Min(r->backoff_ms, retry_cap(j->lease_ms));
+	if (j->kind == JOB_RELEASE)
+		r->backoff_ms = Min(r->backoff_ms, DOUBT_RETRY_MAX_MS);
 	r->failures++;
+	r->answered = 0;
 	r->retry_at = TimestampTzPlusMilliseconds(now, r->backoff_ms);
+}
+
+/*
+ * A release job's op got answer f (1 released, 0 not ours, -1 unknown): is
+ * the slot done with?  A release that found nothing of ours, or deleted it,
+ * is, unless a late grant may still land: then only deleting it on the one
+ * Redis it can land on, or a horizon passed with two answers in a row, or
+ * DOUBT_GIVE_UP_MS past it.
+ */
+static bool
+release_done(Job *j, RLLockOp *op, int f, TimestampTz now)
+{
+	SlotRetry  *r;
+
+	if (!j->late_grant)
+		return f >= 0 || now > j->horizon;
+	if (f == 1 && op->nodes == 1)
+		return true;
+	r = slot_retry(j);
+	if (op->failed == 0)
+		r->answered++;
+	if (now > j->horizon && r->answered >= 2)
+		return true;
+	return now > TimestampTzPlusMilliseconds(j->horizon, DOUBT_GIVE_UP_MS);
+}
+
+/* A late grant may still land: look again in a while */
+static void
+watch_again(Job *j, TimestampTz now)
+{
+	SlotRetry  *r = slot_retry(j);
+
+	r->failures = 0;
+	r->retry_at = TimestampTzPlusMilliseconds(now, retry_cap(j->lease_ms));
 }
 
 /* on_shmem_exit of the worker: unpublish its latch, nobody may set it now */
@@ -772,13 +959,17 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 	 * generation moved on meanwhile (released, handed to another lock, out
 	 * of the watchdog or given another lease) is not sent.
 	 */
-	LWLockAcquire(shared->lock, LW_SHARED);
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
 		RLSlot	   *s = &shared->slots[jobs[k].slot];
 
 		if (s->generation == jobs[k].generation && s->state != SLOT_FREE)
+		{
+			/* its backend waits for this before acting on it again */
+			s->in_flight = true;
 			jobs[m++] = jobs[k];
+		}
 	}
 	LWLockRelease(shared->lock);
 	n = m;
@@ -815,6 +1006,11 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		RLLockOp   *op = &ops[k];
 		int			f = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : -1;
 
+		/*
+		 * Set by us above, whatever happened to the slot since (a slot
+		 * freed and allocated again meanwhile starts without it)
+		 */
+		s->in_flight = false;
 		if (f < 0)
 		{
 			if (nfailed++ == 0 && *problem == NULL)
@@ -827,7 +1023,8 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		}
 		if (s->generation != j->generation || s->state == SLOT_FREE)
 			continue;
-		note_outcome(j, f < 0, now);
+		if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
+			note_outcome(j, f < 0, now);
 		if (j->kind == JOB_RENEW)
 		{
 			/* released meanwhile (perhaps with its outcome unknown) */
@@ -853,7 +1050,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
 			}
 		}
-		else if (f >= 0 || now > j->horizon)
+		else if (release_done(j, op, f, now))
 		{
 			/* released, or surely expired: the slot is free again */
 			if (f == 1)
@@ -861,6 +1058,8 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 			ps->released++;
 			slot_free(j->slot);
 		}
+		else if (f >= 0)
+			watch_again(j, now);
 	}
 	LWLockRelease(shared->lock);
 	return nfailed;
@@ -1055,7 +1254,7 @@ worker_cycle(void)
 		}
 		else
 			continue;
-		if (has_failed(i, s->generation) && retries[i].retry_at > start)
+		if (not_yet(i, s->generation, start))
 		{
 			next_due = Min(next_due, retries[i].retry_at);
 			continue;
@@ -1073,9 +1272,11 @@ worker_cycle(void)
 		j->protocol = s->st.protocol;
 		j->lease_ms = s->st.lease_ms;
 		j->due = due;
-		j->horizon = TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-												 s->st.lease_ms + 2 * rl_command_timeout_ms +
-												 rl_connect_timeout_ms);
+		j->horizon = s->horizon != 0 ? s->horizon :
+			TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+										s->st.lease_ms + 2 * rl_command_timeout_ms +
+										rl_connect_timeout_ms);
+		j->late_grant = s->late_grant;
 		j->retry = has_failed(i, s->generation);
 		j->failing = target_logs[s->target].failing;
 	}
@@ -1155,6 +1356,9 @@ rl_watchdog_main(Datum arg)
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	shared->worker_latch = MyLatch;
+	/* a predecessor that died in a round left its commands marked */
+	for (int i = 0; i < shared->nslots; i++)
+		shared->slots[i].in_flight = false;
 	LWLockRelease(shared->lock);
 	on_shmem_exit(redis_lock_worker_on_shmem_exit, (Datum) 0);
 

@@ -47,7 +47,11 @@ extern int	rl_registry_add(const char *name, const RLLockNames *names,
 extern void rl_registry_update(int slot, const RLLockState *st, const char *owner,
 							   bool refreshed);
 extern void rl_registry_remove(int slot);
-extern void rl_registry_orphan(int slot);
+extern uint32 rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant);
+extern bool rl_registry_reclaim(int slot, uint32 generation);
+extern bool rl_registry_handed(int slot, uint32 generation);
+extern uint32 rl_registry_settled_events(void);
+extern void rl_registry_wait_idle(int slot);
 extern bool rl_registry_lost(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);

@@ -24,32 +24,65 @@ def own_pg(own_redis):
     p.cleanup()
 
 
-def test_acquire_with_unknown_outcome_is_not_believed_and_is_cleaned_up(own_redis, own_pg):
+def released_by_worker(rc, key):
+    """A subscription to key's release channel: the compare-and-delete of
+    our token publishes there, so a message proves a grant was there and
+    was deleted."""
+    p = rc.pubsub()
+    p.subscribe("redis_lock:release:{%s}" % key)
+    assert p.get_message(timeout=5)["type"] == "subscribe"
+    return p
+
+
+def wait_released(p, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        m = p.get_message(timeout=0.05)
+        if m is not None and m["type"] == "message":
+            return
+    raise AssertionError("no release published within %.1fs" % seconds)
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["preload", "no preload"])
+def test_acquire_with_unknown_outcome_is_not_believed_and_is_cleaned_up(own_redis, preload):
     """Redis frozen mid-acquire: the command timeout fires, the session does not
-    count the lock as held, and the grant Redis makes after it thaws is deleted
-    at the next call."""
+    count the lock as held, and the grant Redis makes after it thaws is
+    deleted: with preloading by the watchdog worker as soon as Redis
+    answers, while the session idles; without, at the session's next call."""
+    pg = testbed.Postgres(preload=preload,
+                          conf={"redis_lock.url": own_redis.url}).init().start().with_extension()
     rc = own_redis.client()
-    s = Session(own_pg)
-    s.run("SET redis_lock.command_timeout = '300ms'")
-    assert s.run("SELECT redis_lock_acquire('warmup') > 0")     # connection is open
-    own_redis.pause()
+    s = Session(pg)
     try:
-        t0 = time.monotonic()
-        with pytest.raises(psycopg2.OperationalError) as ei:
-            s.run("SELECT redis_lock_acquire('frozen', ttl => '60s')")
-        assert ei.value.pgcode == "08006"
-        assert ei.value.diag.message_primary.endswith("did not reply in time")
-        assert ei.value.diag.message_detail == "no reply within 300ms"
-        assert time.monotonic() - t0 < S * 1.0
+        s.run("SET redis_lock.command_timeout = '300ms'")
+        assert s.run("SELECT redis_lock_acquire('warmup') > 0")     # connection is open
+        sub = released_by_worker(rc, "frozen")
+        own_redis.pause()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(psycopg2.OperationalError) as ei:
+                s.run("SELECT redis_lock_acquire('frozen', ttl => '60s')")
+            assert ei.value.pgcode == "08006"
+            assert ei.value.diag.message_primary.endswith("did not reply in time")
+            assert ei.value.diag.message_detail == "no reply within 300ms"
+            assert time.monotonic() - t0 < S * 1.0
+        finally:
+            own_redis.resume()
+        if preload:
+            # once thawed, Redis runs the queued acquire, and the worker
+            # deletes that grant without the session calling again
+            wait_released(sub, 1.5 * S)
+            assert rc.exists("frozen") == 0
+        else:
+            # once thawed, Redis executes the queued acquire: the key is ours...
+            testbed.wait_until(lambda: rc.exists("frozen") == 1, 5, what="queued acquire to run")
+            assert rc.get("frozen").startswith(b"pgrl:")
+        # ... but the session never counted it (and its next call settles the doubt)
+        assert s.run("SELECT array_agg(lock_name) FROM redis_lock_held()") == ["warmup"]
+        assert rc.exists("frozen") == 0
     finally:
-        own_redis.resume()
-    # once thawed, Redis executes the queued acquire: the key is ours...
-    testbed.wait_until(lambda: rc.exists("frozen") == 1, 5, what="queued acquire to run")
-    assert rc.get("frozen").startswith(b"pgrl:")
-    # ... but the session never counted it, and its next call settles the doubt
-    assert s.run("SELECT array_agg(lock_name) FROM redis_lock_held()") == ["warmup"]
-    assert rc.exists("frozen") == 0
-    s.close()
+        s.close()
+        pg.cleanup()
 
 
 def test_rollback_to_savepoint_with_redis_frozen_warns_and_is_bounded(own_redis, own_pg):
@@ -179,20 +212,22 @@ def test_readonly_replica(own_redis, own_pg):
 
 def test_script_error_after_a_write_is_cleaned_up(own_redis, own_pg):
     """A Lua error after SET already ran is not rolled back by Redis: the
-    grant is a doubt, never counted as held, and deleted at the next call."""
+    grant is a doubt, never counted as held, and deleted by the watchdog
+    worker at once."""
     rc = own_redis.client()
     s = Session(own_pg)
     assert s.run("SELECT redis_lock_acquire('scripted') > 0")
     s.run("SELECT redis_lock_release('scripted')")
     fence_key, = rc.keys("redis_lock:fence:*")
     rc.set(fence_key, "not-a-number")            # INCR will fail after SET
+    sub = released_by_worker(rc, "scripted")
     with pytest.raises(psycopg2.Error) as ei:
         s.run("SELECT redis_lock_acquire('scripted')")
     assert ei.value.pgcode == "38000"
     assert "not an integer" in str(ei.value)
-    assert rc.get("scripted").startswith(b"pgrl:")    # SET did happen ...
-    assert s.run("SELECT count(*) FROM redis_lock_held()") == 0   # ... not believed
-    assert rc.exists("scripted") == 0                  # and settled by that call
+    wait_released(sub, 1.0 * S)                        # SET did happen, and was deleted
+    assert rc.exists("scripted") == 0
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 0   # ... never believed
     rc.delete(fence_key)
     assert s.run("SELECT redis_lock_acquire('scripted') > 0")
     s.close()
