@@ -2,6 +2,7 @@
 #
 #   make && sudo make install      build and install into the PostgreSQL found by pg_config
 #   make RL_WERROR=1               the same with warnings as errors (what CI builds with)
+#   make RL_HIREDIS=/prefix        against the hiredis installed under /prefix
 #   make installcheck              pg_regress suite (sql_tests/ against expected/) on a
 #                                  running server that has redis_lock installed and
 #                                  preloaded, redis_lock.url set to a running Redis,
@@ -20,6 +21,11 @@ PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 
 SHLIB_LINK += -lhiredis -lssl -lcrypto
 PG_CPPFLAGS += -I$(srcdir)/src
+# another hiredis than the system's (scripts/matrix compiles against 1.2)
+ifdef RL_HIREDIS
+PG_CPPFLAGS += -I$(RL_HIREDIS)/include
+SHLIB_LINK := -L$(RL_HIREDIS)/lib $(SHLIB_LINK)
+endif
 # -Wextra minus -Wunused-parameter: PostgreSQL 15's own headers (fmgr.h, ilist.h)
 # have unused parameters in inline functions.
 PG_CFLAGS += -Wall -Wextra -Wno-unused-parameter

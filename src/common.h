@@ -59,4 +59,19 @@
 /* Largest lease or wait, in milliseconds (fits a signed 32-bit int) */
 #define RL_MAX_MS			((int64) PG_INT32_MAX)
 
+/*
+ * The extension's version, as redis_lock.control's default_version: what
+ * PostgreSQL 18's pg_get_loaded_modules() shows (module.c).
+ */
+#define RL_VERSION			"1.2"
+
+/*
+ * A function that never returns.  PostgreSQL 18 replaced the trailing
+ * pg_attribute_noreturn() by the leading pg_noreturn; before it, the same
+ * attribute leads the declaration (GCC and Clang accept it there).
+ */
+#ifndef pg_noreturn
+#define pg_noreturn pg_attribute_noreturn()
+#endif
+
 #endif							/* RL_COMMON_H */

@@ -508,8 +508,14 @@ call_sqlstate(RLCall *call)
 			strncmp(r->str, "CLUSTERDOWN", 11) == 0 ||
 			strncmp(r->str, "TRYAGAIN", 8) == 0)
 			return ERRCODE_CONNECTION_FAILURE;
+		/*
+		 * An ACL refusal: NOPERM for a command, "can't run this command"
+		 * (Redis 7.0) or "ACL failure in script" (Redis 7.2+, Valkey) for
+		 * one inside a script
+		 */
 		if (strncmp(r->str, "NOPERM", 6) == 0 ||
-			strstr(r->str, "can't run this command") != NULL)
+			strstr(r->str, "can't run this command") != NULL ||
+			strstr(r->str, "ACL failure in script") != NULL)
 			return ERRCODE_INSUFFICIENT_PRIVILEGE;
 		if (strncmp(r->str, "WRONGTYPE", 9) == 0)
 			return ERRCODE_WRONG_OBJECT_TYPE;

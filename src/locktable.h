@@ -86,9 +86,7 @@ typedef enum RLLockAction
 	RL_ACTION_INSPECT
 } RLLockAction;
 
-extern void rl_raise_undecided(RLLockAction action, const char *name, RLLockOp *op)
-			pg_attribute_noreturn();
-extern void rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type)
-			pg_attribute_noreturn();
+pg_noreturn extern void rl_raise_undecided(RLLockAction action, const char *name, RLLockOp *op);
+pg_noreturn extern void rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type);
 
 #endif							/* RL_LOCKTABLE_H */

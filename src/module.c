@@ -18,7 +18,11 @@
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 
+#ifdef PG_MODULE_MAGIC_EXT
+PG_MODULE_MAGIC_EXT(.name = "redis_lock",.version = RL_VERSION);
+#else
 PG_MODULE_MAGIC;
+#endif
 
 void		_PG_init(void);
 

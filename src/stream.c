@@ -85,11 +85,18 @@ struct RLStream
  * ----------------------------------------------------------------
  */
 static redisReplyObjectFunctions bounded_functions;
-static void *(*hiredis_create_array) (const redisReadTask *task, int elements) = NULL;
+
+/* hiredis 1.0 made an array's length a size_t */
+#if HIREDIS_MAJOR >= 1
+typedef size_t rl_array_len;
+#else
+typedef int rl_array_len;
+#endif
+static void *(*hiredis_create_array) (const redisReadTask *task, rl_array_len elements) = NULL;
 static bool reply_too_large = false;
 
 static void *
-bounded_create_array(const redisReadTask *task, int elements)
+bounded_create_array(const redisReadTask *task, rl_array_len elements)
 {
 	if (elements > RL_MAX_REPLY_ELEMENTS)
 	{

@@ -108,7 +108,7 @@ extern void rl_call_arg(RLCall *call, const char *arg, size_t len);
 extern void rl_run(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms);
 extern void rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *reason);
 extern char *rl_call_problem(const RLCall *call);
-extern void rl_raise_call_error(RLCall *call) pg_attribute_noreturn();
+pg_noreturn extern void rl_raise_call_error(RLCall *call);
 extern void rl_close_all(void);
 
 /* pub/sub on a subscriber connection */
