@@ -18,11 +18,11 @@ EXCEPTION WHEN OTHERS THEN
   msg := replace(msg, '127.0.0.1:' || substring(
            (SELECT reset_val FROM pg_settings WHERE name = 'redis_lock.url')
            FROM ':([0-9]+)/'), '127.0.0.1:<port>');
-  msg := regexp_replace(msg, 'script: [0-9a-f]{40}, on @user_script:[0-9]+', 'script: <sha1>, on @user_script:<line>');
+  msg := regexp_replace(msg, 'script: ([0-9a-f]{40}, )?on @user_script:[0-9]+', 'script: <sha1>, on @user_script:<line>');
   det := replace(det, '127.0.0.1:' || substring(
            (SELECT reset_val FROM pg_settings WHERE name = 'redis_lock.url')
            FROM ':([0-9]+)/'), '127.0.0.1:<port>');
-  det := regexp_replace(det, 'script: [0-9a-f]{40}, on @user_script:[0-9]+', 'script: <sha1>, on @user_script:<line>');
+  det := regexp_replace(det, 'script: ([0-9a-f]{40}, )?on @user_script:[0-9]+', 'script: <sha1>, on @user_script:<line>');
   -- fencing tokens start at the Redis clock in microseconds
   msg := regexp_replace(msg, '[0-9]{13,}', '<token>', 'g');
   det := regexp_replace(det, '[0-9]{13,}', '<token>', 'g');

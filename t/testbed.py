@@ -29,7 +29,10 @@ PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 RLTEST_USER = os.environ.get("RLTEST_USER", "rltest")
 # stretch time limits when the servers run slowed down (scripts/memcheck)
 TIME_SCALE = float(os.environ.get("RL_TIME_SCALE", "1"))
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+# the server binary (also run as Sentinel): RL_REDIS_SERVER names another one,
+# e.g. Valkey or Redis 8 from scripts/get-server
+REDIS_SERVER = (os.environ.get("RL_REDIS_SERVER") or shutil.which("redis-server")
+                or "/usr/bin/redis-server")
 
 
 # Everything started here is stopped when the interpreter exits, also when a
