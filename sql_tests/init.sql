@@ -40,6 +40,12 @@ ORDER BY 1;
 SELECT pg_describe_object(classid, objid, objsubid) AS member
 FROM pg_depend WHERE refobjid = (SELECT oid FROM pg_extension WHERE extname = 'redis_lock')
   AND classid <> 'pg_proc'::regclass
+  -- the row types of its tables and views (and their arrays), which
+  -- PostgreSQL 17 and later also record as members
+  AND NOT (classid = 'pg_type'::regclass AND objid IN (
+        SELECT oid FROM pg_type WHERE typrelid <> 0
+        UNION SELECT a.oid FROM pg_type a JOIN pg_type r ON a.typelem = r.oid
+              WHERE r.typrelid <> 0))
 ORDER BY 1;
 
 SELECT has_function_privilege('public', 'redis_lock_force_release(text)', 'execute') AS public_may_force;

@@ -1,0 +1,61 @@
+"""What differs between PostgreSQL majors, checked on whichever major the
+test bed runs (scripts/matrix runs this file on every major):
+
+- on 18 and later the module reports its name and version
+  (PG_MODULE_MAGIC_EXT) through pg_get_loaded_modules();
+- on 17 and later a backend waiting for a Redis lock shows the lock's own
+  wait event (RedisLockRelease, RedisLockQueue) in pg_stat_activity, before
+  17 the generic Extension one.
+
+Each test asserts what its major must show, so none of them passes on a
+server that shows something else."""
+import re
+
+import pytest
+
+from conftest import Session
+import testbed
+
+
+def server_version(pg):
+    c = pg.connect()
+    try:
+        return int(testbed.sql_one(c, "SHOW server_version_num"))
+    finally:
+        c.close()
+
+
+def test_loaded_module_reports_its_name_and_version(pg):
+    control = open(__file__.rsplit("/t/", 1)[0] + "/redis_lock.control").read()
+    version = re.search(r"default_version = '([\d.]+)'", control).group(1)
+    s = Session(pg)
+    try:
+        s.run("SELECT count(*) FROM redis_lock_held()")   # the module is loaded here
+        if server_version(pg) < 180000:
+            assert s.run("SELECT count(*) FROM pg_proc "
+                         "WHERE proname = 'pg_get_loaded_modules'") == 0
+            return
+        row = s.run("SELECT module_name, version FROM pg_get_loaded_modules() "
+                    "WHERE file_name = 'redis_lock.so'")
+        assert row == ("redis_lock", version)
+    finally:
+        s.close()
+
+
+def test_a_waiter_shows_the_wait_event_of_its_major(pg, rc, sessions):
+    holder, waiter, admin = sessions(), sessions(), sessions()
+    assert holder.run("SELECT redis_lock_acquire('we') > 0")
+    waiter.start("SELECT redis_lock_acquire('we', wait => '10s')")
+
+    def seen():
+        return admin.run("SELECT wait_event_type || '/' || wait_event FROM pg_stat_activity "
+                         "WHERE pid = %s AND wait_event_type = 'Extension'", (waiter.pid,))
+    testbed.wait_until(seen, 10, what="the waiter to wait")
+    event = seen()
+    if server_version(pg) >= 170000:
+        assert event == "Extension/RedisLockRelease", event
+    else:
+        assert event == "Extension/Extension", event
+    assert holder.run("SELECT redis_lock_release('we')") is True
+    waiter.join(10)
+    assert waiter.error is None
