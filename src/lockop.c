@@ -40,7 +40,9 @@ build_call(RLLockOp *op, RLCall *call, RLConn *conn)
 			rl_call_dequeue(call, conn, op->names, op->queue_wait_ms);
 			break;
 		case RL_OP_EXTEND:
-			rl_call_extend(call, conn, op->names, op->lease_ms);
+		case RL_OP_RENEW:
+			rl_call_extend(call, conn, op->names, op->lease_ms,
+						   op->kind == RL_OP_RENEW);
 			break;
 		case RL_OP_RELEASE:
 			rl_call_release(call, conn, op->names);
@@ -299,4 +301,25 @@ rl_op_granted(RLLockOp *op)
 	if (op->target->kind == RL_TOPO_REDLOCK)
 		return op->lease_ms - op->elapsed_ms - (op->lease_ms / 100 + 2) > 0;
 	return true;
+}
+
+/*
+ * An extend or renew that said "ours": the least any node had left of the
+ * lease before it, in ms (-1: none known).  Less than the lease's remainder
+ * means another client cut it short (a Redisson reader's renewal does).
+ */
+int64
+rl_op_found_ttl(RLLockOp *op)
+{
+	int64		least = -1;
+	int			j;
+
+	for (j = 0; j < op->nodes; j++)
+	{
+		int64		t = rl_extend_found_ttl(&op->calls[j * op->stride]);
+
+		if (t >= 0 && (least < 0 || t < least))
+			least = t;
+	}
+	return least;
 }

@@ -23,7 +23,8 @@
 typedef enum RLOpKind
 {
 	RL_OP_ACQUIRE,
-	RL_OP_EXTEND,				/* also verify and renew */
+	RL_OP_EXTEND,				/* also verify */
+	RL_OP_RENEW,				/* the watchdog's: never shortens a lease */
 	RL_OP_RELEASE,
 	RL_OP_FORCE,
 	RL_OP_INSPECT,
@@ -63,5 +64,6 @@ typedef struct RLLockOp
 
 extern void rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode);
 extern bool rl_op_granted(RLLockOp *op);
+extern int64 rl_op_found_ttl(RLLockOp *op);
 
 #endif							/* RL_LOCKOP_H */

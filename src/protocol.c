@@ -86,11 +86,20 @@ static const char *simple_release_lua =
 "end\n"
 "return 0\n";
 
-/* simple, extend / verify.  KEYS: lock.  ARGV: token, lease ms. */
+/*
+ * simple, extend / verify / renew.  KEYS: lock.  ARGV: token, lease ms,
+ * "1" to renew (never shorten what is left: a renewal sent with an older
+ * lease must not undo a longer extend).  Every extend script returns 0 when
+ * the lock is not ours, else 2 + the PTTL it found (1 for no expiry), so the
+ * watchdog sees when another client cut the lease short.
+ */
 static const char *simple_extend_lua =
 "if redis.pcall('get', KEYS[1]) == ARGV[1] then\n"
-"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
-"  return 1\n"
+"  local t = redis.call('pttl', KEYS[1])\n"
+"  if ARGV[3] ~= '1' or t < tonumber(ARGV[2]) then\n"
+"    redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"  end\n"
+"  return t + 2\n"
 "end\n"
 "return 0\n";
 
@@ -237,13 +246,17 @@ static const char *redisson_release_lua =
 
 /*
  * redisson and redisson_fair, extend / renew (Redisson's watchdog check).
- * ARGV: field, ms.  Not a read-write lock hash (see the release).
+ * ARGV: field, ms, renew flag (see simple_extend_lua, as is the reply).
+ * Not a read-write lock hash (see the release).
  */
 static const char *redisson_extend_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
 "if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
-"redis.call('pexpire', KEYS[1], ARGV[2])\n"
-"return 1\n";
+"local t = redis.call('pttl', KEYS[1])\n"
+"if ARGV[3] ~= '1' or t < tonumber(ARGV[2]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"end\n"
+"return t + 2\n";
 
 /*
  * Force release, every layout.  KEYS: lock.  ARGV: publish command,
@@ -353,15 +366,25 @@ static const char *rw_read_release_lua =
 "redis.call(ARGV[2], ARGV[3], '0')\n"
 "return 1\n";
 
-/* read, extend / renew.  KEYS: lock, our read timeout key.  ARGV: field, ms. */
+/*
+ * read, extend / renew.  KEYS: lock, our read timeout key.  ARGV: field,
+ * ms, renew flag.  Returns 0 or 2 + the shorter of the PTTLs found of the
+ * hash and our timeout key: a Redisson reader's renewal sets both to its own
+ * lockWatchdogTimeout, which may be shorter than our lease.
+ */
 static const char *rw_read_extend_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
 "if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
-"redis.call('set', KEYS[2], 1, 'PX', ARGV[2])\n"
+"local t = redis.call('pttl', KEYS[1])\n"
+"local mine = redis.call('pttl', KEYS[2])\n"
+"if mine < t then t = mine end\n"
+"if ARGV[3] ~= '1' or mine < tonumber(ARGV[2]) then\n"
+"  redis.call('set', KEYS[2], 1, 'PX', ARGV[2])\n"
+"end\n"
 "if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then\n"
 "  redis.call('pexpire', KEYS[1], ARGV[2])\n"
 "end\n"
-"return 1\n";
+"return math.max(t, -1) + 2\n";
 
 /* write, acquire.  KEYS: lock.  ARGV: lease ms, our writer field. */
 static const char *rw_write_acquire_lua =
@@ -402,17 +425,19 @@ static const char *rw_write_release_lua =
 "return 1\n";
 
 /*
- * write, extend / renew.  ARGV: field, ms.  Unlike Redisson's renewal it
- * never shortens the hash's TTL: read holds of our own (a downgrade) may
- * need it longer.
+ * write, extend / renew.  ARGV: field, ms, renew flag (unused: it never
+ * shortens the hash's TTL anyway, since read holds of our own, a downgrade,
+ * may need it longer, unlike Redisson's renewal).  Reply as
+ * simple_extend_lua's.
  */
 static const char *rw_write_extend_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
 "if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
-"if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then\n"
+"local t = redis.call('pttl', KEYS[1])\n"
+"if t < tonumber(ARGV[2]) then\n"
 "  redis.call('pexpire', KEYS[1], ARGV[2])\n"
 "end\n"
-"return 1\n";
+"return t + 2\n";
 
 typedef struct RLScript
 {
@@ -1083,29 +1108,31 @@ rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 
 /*
  * Set call up as the extend script of n's protocol: restart the lease if the
- * lock is still ours (also how a lock is verified).
+ * lock is still ours (also how a lock is verified); with renew, only
+ * lengthen what is left of it (the watchdog's renewals).
  */
 void
-rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms)
+rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
+			   bool renew)
 {
 	const char *keys[2] = {n->key, NULL};
-	const char *args[2] = {n->owner, ms_text(lease_ms)};
+	const char *args[3] = {n->owner, ms_text(lease_ms), renew ? "1" : "0"};
 
 	switch (n->protocol)
 	{
 		case RL_PROTOCOL_SIMPLE:
-			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_EXTEND, 1, keys, 2, args);
+			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_EXTEND, 1, keys, 3, args);
 			break;
 		case RL_PROTOCOL_REDISSON:
 		case RL_PROTOCOL_REDISSON_FAIR:
-			rl_script_call(call, conn, RL_SCRIPT_REDISSON_EXTEND, 1, keys, 2, args);
+			rl_script_call(call, conn, RL_SCRIPT_REDISSON_EXTEND, 1, keys, 3, args);
 			break;
 		case RL_PROTOCOL_RW_READ:
 			keys[1] = rw_read_timeout_key(n);
-			rl_script_call(call, conn, RL_SCRIPT_RW_READ_EXTEND, 2, keys, 2, args);
+			rl_script_call(call, conn, RL_SCRIPT_RW_READ_EXTEND, 2, keys, 3, args);
 			break;
 		case RL_PROTOCOL_RW_WRITE:
-			rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_EXTEND, 1, keys, 2, args);
+			rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_EXTEND, 1, keys, 3, args);
 			break;
 	}
 }
@@ -1230,6 +1257,20 @@ rl_inspect_reply_valid(const RLReply *r)
 		if (!is_text(r->element[2]->element[i]))
 			return false;
 	return true;
+}
+
+/*
+ * What an extend reply that said "ours" found left of the lease, in ms: -1
+ * for no expiry or a reply of another form.
+ */
+int64
+rl_extend_found_ttl(RLCall *call)
+{
+	RLReply    *r = call->reply;
+
+	if (r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= 2)
+		return r->integer - 2;
+	return -1;
 }
 
 /*

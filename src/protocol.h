@@ -91,7 +91,8 @@ extern char *rl_wait_channel(const RLLockNames *n);
 extern bool rl_key_splits_slots(RLProtocol protocol, const char *key);
 extern void rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n,
-						   int64 lease_ms);
+						   int64 lease_ms, bool renew);
+extern int64 rl_extend_found_ttl(RLCall *call);
 extern void rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_parse_acquire(RLCall *call, RLAcquireResult *res);

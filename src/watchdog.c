@@ -73,6 +73,8 @@ typedef struct RLSlot
 								 * still be run by Redis */
 	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
 								 * late grant (0: last renewal + lease) */
+	int64		renew_every_ms; /* renewal period when another client cuts
+								 * the lease short (0: lease/3) */
 	RLLockState st;
 	char		key[RL_MAX_KEY_LEN + 1];
 	char		owner[RL_OWNER_LEN + 1];
@@ -351,6 +353,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->in_flight = false;
 	s->late_grant = false;
 	s->horizon = 0;
+	s->renew_every_ms = 0;
 	s->st.pid = MyProcPid;
 	s->st.dbid = MyDatabaseId;
 	s->target = tidx;
@@ -935,6 +938,55 @@ log_target(int tidx, const char *spec, int nfailed, const char *problem)
 }
 
 /*
+ * Read holds are renewed at least this often: a third of Redisson's default
+ * lockWatchdogTimeout (30 s), to which its readers' renewals cut every
+ * reader's timeout key, so such a cut is restored before it runs out even
+ * before the watchdog has seen one (below).
+ */
+#define RL_READ_RENEW_MAX_MS	10000
+
+/*
+ * Renewal period of a slot: a third of its lease, or less for read holds,
+ * or once another client was seen cutting the lease short
+ */
+static int64
+renewal_period(RLSlot *s)
+{
+	int64		period = s->st.lease_ms / 3;
+
+	/* a Redisson reader cuts every read hold to its lockWatchdogTimeout */
+	if (s->st.protocol == RL_PROTOCOL_RW_READ)
+		period = Min(period, RL_READ_RENEW_MAX_MS);
+	return s->renew_every_ms > 0 ? Min(period, s->renew_every_ms) : period;
+}
+
+/*
+ * A renewal found less of the lease left than our last renewal left it
+ * (allowing for the round trip and the clocks): another client cut it
+ * short.  A Redisson reader's renewal sets every reader's timeout key to its
+ * own lockWatchdogTimeout, and does so again every third of it: from now on
+ * this lock is renewed every third of what was found, so a cut is always
+ * restored before it runs out.  Caller holds the registry lock.
+ */
+static void
+note_cut_lease(RLSlot *s, Job *j, RLLockOp *op, TimestampTz sent)
+{
+	int64		found = rl_op_found_ttl(op);
+	int64		left = j->lease_ms - (int64) ((sent - s->st.last_renewed_at) / 1000);
+	int64		every;
+
+	if (found < 0 || found >= left - Max(50, j->lease_ms / 20))
+		return;
+	every = Max(found / 3, 10);
+	if (s->renew_every_ms > 0 && s->renew_every_ms <= every)
+		return;
+	s->renew_every_ms = every;
+	ereport(LOG,
+			(errmsg("redis_lock watchdog found the lease of Redis lock \"%s\" cut to %lld ms by another client; renewing it every %lld ms",
+					s->key + s->name_off, (long long) found, (long long) every)));
+}
+
+/*
  * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
  * passwords the backends used, then apply the results unless the slot
  * changed hands meanwhile.  A renewed lock counts as renewed when the round
@@ -985,7 +1037,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		/* the fence counter is not touched by renew or release */
 		rl_names_from_key(&names[k], j->protocol, "", j->key, CurrentMemoryContext);
 		strlcpy(names[k].owner, j->owner, sizeof(names[k].owner));
-		ops[k].kind = j->kind == JOB_RENEW ? RL_OP_EXTEND : RL_OP_RELEASE;
+		ops[k].kind = j->kind == JOB_RENEW ? RL_OP_RENEW : RL_OP_RELEASE;
 		ops[k].target = t;
 		ops[k].names = &names[k];
 		ops[k].lease_ms = j->lease_ms;
@@ -1032,6 +1084,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 				continue;
 			if (f == 1)
 			{
+				note_cut_lease(s, j, op, sent);
 				s->st.last_renewed_at = sent;
 				rl_stats_add(RL_STAT_RENEWALS, 1);
 				ps->renewed++;
@@ -1240,11 +1293,11 @@ worker_cycle(void)
 			long		ahead = lookahead_ms(s->st.lease_ms);
 			TimestampTz take_at;
 
-			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 3);
+			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, renewal_period(s));
 			/* start by due - ahead; take along what is due within ahead more */
 			take_at = Max(TimestampTzPlusMilliseconds(due, -2 * ahead),
 						  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-													  s->st.lease_ms / 6));
+													  renewal_period(s) / 2));
 			if (take_at > start)
 			{
 				next_due = Min(next_due, Max(take_at, TimestampTzPlusMilliseconds(due, -ahead)));
