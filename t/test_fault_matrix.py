@@ -4,7 +4,9 @@ Soft paths are the ones that must never raise for a Redis failure (or must
 raise only the caller's own error): the release at COMMIT (with and without
 verify_on_commit), at ROLLBACK and at ROLLBACK TO SAVEPOINT, the release on
 redis_lock_with_lock's error path, settling a doubt, the watchdog's renewal
-and its release of an exited backend's locks, and the Redlock give-back.
+and its release of an exited backend's locks, a waiter cancelled at the
+moment of its grant, the worker settling a doubt while the session idles,
+and the Redlock give-back.
 
 Faults: Redis stopped, frozen (SIGSTOP), answering with an error (ACL), and
 slower than command_timeout (a proxy); Sentinel and master down; a Cluster
@@ -15,6 +17,8 @@ statement_timeout still end a wait within 1 s; what the session believes it
 holds equals what Redis holds for it; no lease is renewed for a lock no
 session holds.  And the soft path itself returned within its bound.
 """
+import os
+import signal
 import threading
 import time
 
@@ -154,26 +158,33 @@ def path_savepoint(s, fault, env):
 
 
 def path_with_lock_error(s, fault, env):
-    """The query fails while Redis is faulty: its error comes back as is."""
+    """The query fails while Redis is faulty: its error comes back as is.
+    The fault comes once the query runs (the lock's grant has been read:
+    a slow proxy must not hold back the grant's own reply)."""
     box = {}
-    rc = env.client()
+    admin = env.pg.connect()
 
     def body():
         try:
             s.run("SELECT redis_lock_with_lock('m-with', "
-                  "'SELECT 1 / g FROM pg_sleep(0.4), generate_series(0, 0) g', "
+                  "'SELECT 1 / g FROM pg_sleep(1.0), generate_series(0, 0) g', "
                   "ttl => '%s')" % LEASE)
         except psycopg2.Error as e:
             box["code"] = e.pgcode
         box["done"] = time.monotonic()
     t = threading.Thread(target=body, daemon=True)
     t.start()
-    testbed.wait_until(lambda: rc.exists("m-with"), 5, 0.005, what="with_lock to acquire")
+    try:
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+            (s.pid,)), 5, 0.005, what="with_lock's query to run")
+    finally:
+        admin.close()
     t0 = time.monotonic()
     heal = fault(env)
     t.join(30)
     assert box.get("code") == "22012", "the query's own error must come back, got %r" % box
-    return box["done"] - t0 - 0.4, heal, ["m-with"]
+    return box["done"] - t0 - 1.0, heal, ["m-with"]
 
 
 def path_settle_doubt(s, fault, env):
@@ -195,6 +206,46 @@ def path_watchdog_renew(s, fault, env):
     return 0.0, heal, ["m-renew"]
 
 
+def path_cancel_at_hand_over(s, fault, env):
+    """A waiter's grant lands in Redis, the fault comes while its reply is
+    still on the way, and the waiter is cancelled: nothing is believed, and
+    once Redis answers the worker deletes the grant (the session idles)."""
+    rc = env.client()
+    channel = "redis_lock:release:{m-handover}"
+    rc.set("m-handover", "pgrl:holder", px=60000)
+    s.start("SELECT redis_lock_acquire('m-handover', wait => '30s')")
+    testbed.wait_until(lambda: dict(rc.pubsub_numsub(channel)).get(channel.encode()) == 1,
+                       5, 0.005, what="the waiter to subscribe")
+    env.proxy.delay = 0.3            # the grant's reply will be slow
+    rc.delete("m-handover")
+    rc.publish(channel, "0")
+    testbed.wait_until(lambda: rc.get("m-handover") not in (None, b"pgrl:holder"),
+                       5, 0.002, what="the waiter's grant to land")
+    env.proxy.delay = 0.0            # the reply in flight keeps its delay
+    heal = fault(env)
+    t0 = time.monotonic()
+    os.kill(s.pid, signal.SIGINT)    # what pg_cancel_backend sends
+    s.join(5)
+    assert s.error is not None and s.error.pgcode == "57014", s.error
+    return time.monotonic() - t0, heal, ["m-handover"]
+
+
+def path_worker_settles_idle(s, fault, env):
+    """A release fails under the fault: after healing, the watchdog worker
+    deletes the lock without the session calling again (a pooled session
+    may never call again)."""
+    s.run("SELECT redis_lock_acquire('m-idle', ttl => '60s')")
+    heal = fault(env)
+    el, _ = timed(lambda: run_expect(s, "SELECT redis_lock_release('m-idle')",
+                                     REDIS_FAILURE))
+
+    def heal_then_wait_for_the_worker():
+        heal()
+        testbed.wait_until(lambda: not env.client().exists("m-idle"), 3 * S, 0.01,
+                           what="the worker to delete the lock")
+    return el, heal_then_wait_for_the_worker, ["m-idle"]
+
+
 PATHS = {
     "commit-verify": path_commit_verify,
     "commit": path_commit_no_verify,
@@ -203,7 +254,24 @@ PATHS = {
     "with_lock-error": path_with_lock_error,
     "settle-doubt": path_settle_doubt,
     "watchdog-renew": path_watchdog_renew,
+    "cancelled-at-hand-over": path_cancel_at_hand_over,
+    "worker-settles-idle": path_worker_settles_idle,
 }
+
+
+def healing(fault, pending):
+    """fault, whose heal is also kept in pending until it is called: a path
+    that raises after applying its fault still gets it healed (the proxy's
+    delay would otherwise stay on for the cases after it)."""
+    def apply(env):
+        heal = fault(env)
+        pending.append(heal)
+
+        def heal_once():
+            pending.remove(heal)
+            heal()
+        return heal_once
+    return apply
 
 
 def check_after(env, s, names, rc):
@@ -235,17 +303,16 @@ def test_single_node(single, path, fault):
     rc = env.client()
     rc.flushall()
     s = Session(env.pg)
-    healed = None
+    pending = []
     try:
-        el, healed, names = PATHS[path](s, FAULTS[fault], env)
+        el, healed, names = PATHS[path](s, healing(FAULTS[fault], pending), env)
         assert el < BOUND, "%s under %s took %.2fs" % (path, fault, el)
         healed()
-        healed = None
         rc = env.client()
         check_after(env, s, names, rc)
     finally:
-        if healed is not None:
-            healed()
+        for heal in list(pending):
+            heal()
         s.close()
 
 
@@ -313,18 +380,17 @@ def test_sentinel_and_master_down(sentinel_env, path):
     env = sentinel_env
     env.client().flushall()
     s = Session(env.pg)
-    healed = None
+    pending = []
     try:
-        el, healed, names = PATHS[path](s, sentinel_and_master_down, env)
+        el, healed, names = PATHS[path](s, healing(sentinel_and_master_down, pending), env)
         assert el < 2 * BOUND, "%s took %.2fs" % (path, el)
         # the backend is not deaf while Redis is still unreachable either
         assert_interruptible(env.pg, s.conn, s.pid)
         healed()
-        healed = None
         check_after(env, s, names, env.client())
     finally:
-        if healed is not None:
-            healed()
+        for heal in list(pending):
+            heal()
         s.close()
 
 
@@ -364,16 +430,15 @@ def test_cluster_master_down(cluster_env, path):
     env.redis = owner
     env.client = lambda: owner.client()
     s = Session(env.pg)
-    healed = None
+    pending = []
     try:
-        el, healed, names = PATHS[path](s, freeze, env)
+        el, healed, names = PATHS[path](s, healing(freeze, pending), env)
         assert el < BOUND, "%s took %.2fs" % (path, el)
         healed()
-        healed = None
         check_after(env, s, names, owner.client())
     finally:
-        if healed is not None:
-            healed()
+        for heal in list(pending):
+            heal()
         s.close()
 
 
