@@ -24,13 +24,11 @@
 #include "protocol.h"
 
 #include <hiredis/hiredis.h>
+#include <openssl/evp.h>
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
-#if PG_VERSION_NUM >= 140000
-#include "common/cryptohash.h"
-#endif
 
 /* Prefix of our simple-protocol tokens: lets waiters tell that the holder
  * publishes on release (foreign clients such as redis-py do not). */
@@ -468,23 +466,21 @@ hex_encode_bytes(const uint8 *in, int n, char *out)
 	out[2 * n] = '\0';
 }
 
+/*
+ * The script's SHA1, as EVALSHA names it.  OpenSSL's, which the extension
+ * links for TLS anyway: PostgreSQL's own (pg_cryptohash) exists only from
+ * 14, and before it scripts went as EVAL, their whole body every time.
+ */
 static void
 compute_sha(RLScript *s)
 {
-#if PG_VERSION_NUM >= 140000
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA1);
-	uint8		digest[20];
+	uint8		digest[EVP_MAX_MD_SIZE];
+	unsigned int len = 0;
 
-	if (ctx == NULL || pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) s->body, strlen(s->body)) < 0 ||
-		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
+	if (EVP_Digest(s->body, strlen(s->body), digest, &len, EVP_sha1(), NULL) != 1 ||
+		len != 20)
 		elog(ERROR, "could not compute SHA1 of a script");
-	pg_cryptohash_free(ctx);
 	hex_encode_bytes(digest, 20, s->sha);
-#else
-	/* without SHA1 in core, always send the body (EVAL) */
-	s->sha[0] = '\0';
-#endif
 }
 
 /*
@@ -874,7 +870,7 @@ ms_text(int64 ms)
 	return psprintf(INT64_FORMAT, ms);
 }
 
-/* EVALSHA sha nkeys keys... args... (EVAL when there is no SHA) */
+/* EVALSHA sha nkeys keys... args... */
 void
 rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
 			   const char **keys, int nargs, const char **args)
@@ -886,16 +882,8 @@ rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
 	Assert(nkeys < (int) lengthof(nkeys_text));
 	ensure_shas();
 	rl_call_set(call, conn, 0, NULL, NULL);
-	if (s->sha[0] != '\0')
-	{
-		rl_call_arg(call, "EVALSHA", 7);
-		rl_call_arg(call, s->sha, 40);
-	}
-	else
-	{
-		rl_call_arg(call, "EVAL", 4);
-		rl_call_arg(call, s->body, strlen(s->body));
-	}
+	rl_call_arg(call, "EVALSHA", 7);
+	rl_call_arg(call, s->sha, 40);
 	rl_call_arg(call, nkeys_text[nkeys], 1);
 	for (i = 0; i < nkeys; i++)
 		rl_call_arg(call, keys[i], strlen(keys[i]));

@@ -22,8 +22,14 @@ from conftest import Session, wait_for_wait_event
 from peers import (REDISSON_LINES, JavaError, JavaPeer, java_library_version,
                    redisson_name)
 import testbed
+from testbed import TIME_SCALE as S
 
 WATCHDOG_MS = 1500          # Redisson's lockWatchdogTimeout: renewal every 500 ms
+# A waiter woken within this was woken by the published release message: the
+# alternatives are a SQL waiter's 1 s poll and the 30 s TTL a Java waiter
+# would sleep on.  The latency itself is a measured figure (report_latency),
+# not asserted tightly: a slow JVM on a loaded machine took 58-282 ms.
+WAKE_BOUND = 0.5 * S
 
 
 @pytest.fixture(scope="module", params=REDISSON_LINES, ids=lambda l: "redisson" + l)
@@ -82,7 +88,7 @@ def test_java_holder_excludes_sql_and_its_last_unlock_wakes_sql(java, rsql, sess
     assert a.error is None and a.result is True
     report_latency("Redisson " + java.version, "Java unlock() -> SQL waiter",
                    a.finished_at - released)
-    assert a.finished_at - released < 0.05
+    assert a.finished_at - released < WAKE_BOUND
     # and Java neither takes nor unlocks the SQL session's lock
     assert java.call("t1", "trylock", "orders", 0, -1) is False
     with pytest.raises(JavaError, match="IllegalMonitorStateException"):
@@ -103,7 +109,7 @@ def test_sql_release_wakes_a_java_thread_blocked_in_lock(java, rsql, rc, key):
     latency = java_waiter_latency(java, waiting, lambda: a.run(
         "SELECT redis_lock_release(%s)", (key,)))
     report_latency("Redisson " + java.version, "SQL release -> Java lock() waiter", latency)
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     assert java.call("t2", "held", key) is True
     assert java.call("t2", "unlock", key) is True
 
@@ -163,7 +169,7 @@ def test_force_unlock_both_ways(java, rsql, sessions, rc):
     latency = java_waiter_latency(java, waiting, lambda: admin.run(
         "SELECT redis_lock_force_release('stuck')"))
     report_latency("Redisson " + java.version, "SQL force_release -> Java lock() waiter", latency)
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     with pytest.raises(JavaError, match="IllegalMonitorStateException"):
         java.call("t5a", "unlock", "stuck")                   # it was taken from t5a
     assert java.call("t5b", "unlock", "stuck") is True
@@ -259,7 +265,7 @@ def test_last_java_read_unlock_wakes_a_sql_writer_and_vice_versa(java, sessions,
     assert w.error is None and w.result is True
     report_latency("Redisson " + java.version, "RReadWriteLock: last Java read unlock -> SQL writer",
                    w.finished_at - released)
-    assert w.finished_at - released < 0.05
+    assert w.finished_at - released < WAKE_BOUND
     # SQL write release -> a Java reader blocked in lock() (PUBLISH 1)
     waiting = java.send("r2", "rwlock", "read", "schema")
     wait_for_subscriber(rc, "redisson_rwlock:{schema}")
@@ -267,7 +273,7 @@ def test_last_java_read_unlock_wakes_a_sql_writer_and_vice_versa(java, sessions,
         "SELECT redis_lock_release_write('schema')"))
     report_latency("Redisson " + java.version, "RReadWriteLock: SQL write release -> Java reader",
                    latency)
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     # SQL read release -> a Java writer blocked in lock()
     assert w.run("SELECT redis_lock_acquire_read('schema')") is True
     assert java.call("r2", "rwunlock", "read", "schema") is True
@@ -277,7 +283,7 @@ def test_last_java_read_unlock_wakes_a_sql_writer_and_vice_versa(java, sessions,
         "SELECT redis_lock_release_read('schema')"))
     report_latency("Redisson " + java.version, "RReadWriteLock: SQL read release -> Java writer",
                    latency)
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     # Java write unlock -> a SQL reader
     w.start("SELECT redis_lock_acquire_read('schema', wait => '20s')")
     wait_for_wait_event(admin.conn, w.pid)
@@ -287,7 +293,7 @@ def test_last_java_read_unlock_wakes_a_sql_writer_and_vice_versa(java, sessions,
     assert w.error is None and w.result is True
     report_latency("Redisson " + java.version, "RReadWriteLock: Java write unlock -> SQL reader",
                    w.finished_at - released)
-    assert w.finished_at - released < 0.05
+    assert w.finished_at - released < WAKE_BOUND
     assert w.run("SELECT redis_lock_release_read('schema')") is True
 
 
@@ -343,7 +349,7 @@ def test_java_downgrade_and_force_unlock_of_a_rw_lock(java, sessions, rc):
     wait_for_subscriber(rc, "redisson_rwlock:{ledger-rw}")
     latency = java_waiter_latency(java, waiting, lambda: admin.run(
         "SELECT redis_lock_force_release('ledger-rw')"))
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     assert java.call("r6", "rwunlock", "read", "ledger-rw") is True
     # Java's forceUnlock() of a SQL writer: the session finds its hold lost
     assert a.run("SELECT redis_lock_acquire_write('ledger-rw', ttl => '30s')") is True
@@ -396,13 +402,13 @@ def test_a_mixed_queue_of_java_threads_and_sql_sessions_is_served_in_arrival_ord
     granted.append("sql a")
     report_latency("Redisson " + java.version, "RFairLock: Java unlock -> next SQL waiter",
                    a.finished_at - released)
-    assert a.finished_at - released < 0.05
+    assert a.finished_at - released < WAKE_BOUND
     assert still_waiting() == {"java f1", "sql b", "java f2"}
     # SQL release -> Java f1
     latency = java_waiter_latency(java, j1, lambda: a.run("SELECT redis_lock_release('fair-mix')"))
     granted.append("java f1")
     report_latency("Redisson " + java.version, "RFairLock: SQL release -> next Java waiter", latency)
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     assert still_waiting() == {"sql b", "java f2"}
     # Java unlock -> SQL b
     assert java.call("f1", "fairunlock", "fair-mix") is True
@@ -553,7 +559,7 @@ def test_sql_holder_excludes_jedis_and_jedis_cannot_release_it(jedis, sessions, 
         "SELECT redis_lock_release('nightly')"))
     report_latency("Jedis " + jedis.jedis_version, "SQL release -> Jedis loop retrying every 10 ms",
                    latency)
-    assert latency < 0.05
+    assert latency < WAKE_BOUND
     assert jedis.call("j2", "junlock", "nightly") is True
     assert rc.exists("nightly") == 0
 
@@ -595,7 +601,7 @@ def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
         assert a.error is None and a.result is True
         report_latency("Redisson " + version, "Cluster: Java unlock() -> SQL waiter (sharded)",
                        a.finished_at - released)
-        assert a.finished_at - released < 0.05
+        assert a.finished_at - released < WAKE_BOUND
         # SQL -> Java: Redisson's waiter is sharded too (SSUBSCRIBE on the key's node)
         waiting = peer.send("c2", "lock", key)
         wait_for_subscriber(owner, channel, sharded=True)
@@ -603,7 +609,7 @@ def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
             "SELECT redis_lock_release(%s)", (key,)))
         report_latency("Redisson " + version, "Cluster: SQL release -> Java lock() waiter (sharded)",
                        latency)
-        assert latency < 0.05
+        assert latency < WAKE_BOUND
         assert peer.call("c2", "unlock", key) is True
     finally:
         a.close()
