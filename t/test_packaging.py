@@ -40,7 +40,8 @@ def test_one_license_everywhere():
 def test_one_set_of_postgresql_versions():
     pgversions = read("debian/pgversions").split()
     meta = json.loads(read("META.json"))
-    assert pgversions == ["15"]
-    assert meta["prereqs"]["runtime"]["requires"]["PostgreSQL"].startswith("15.")
-    assert "Built and tested on PostgreSQL 15" in read("README.md")
+    # the majors scripts/matrix tests beside Debian's 15
+    assert pgversions == ["13", "15", "18"]
+    assert meta["prereqs"]["runtime"]["requires"]["PostgreSQL"].startswith("13.")
+    assert "Built and tested on PostgreSQL 13, 15 and 18" in read("README.md")
     assert "Package: postgresql-15-redis-lock" in read("debian/control")
