@@ -190,7 +190,8 @@ static const char *fair_acquire_lua =
 /*
  * redisson_fair, release.  KEYS: lock, queue, timeout set.  ARGV: field,
  * publish command, lock channel, now (Unix ms).  Only the next live waiter
- * is woken, on its own channel "<lock channel>:<owner>".
+ * is woken, on its own channel "<lock channel>:<owner>"; also when the lock
+ * is gone already (our lease ran out: nobody wakes the queue otherwise).
  */
 static const char *fair_release_lua =
 "local now = tonumber(ARGV[4])\n"
@@ -202,11 +203,18 @@ static const char *fair_release_lua =
 "  redis.call('zrem', KEYS[3], head)\n"
 "  redis.call('lpop', KEYS[2])\n"
 "end\n"
+"local function wake()\n"
+"  local nx = redis.call('lindex', KEYS[2], 0)\n"
+"  if nx then redis.call(ARGV[2], ARGV[3] .. ':' .. nx, '0') end\n"
+"end\n"
+"if redis.call('exists', KEYS[1]) == 0 then\n"
+"  wake()\n"
+"  return 0\n"
+"end\n"
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
 "if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
 "redis.call('del', KEYS[1])\n"
-"local nx = redis.call('lindex', KEYS[2], 0)\n"
-"if nx then redis.call(ARGV[2], ARGV[3] .. ':' .. nx, '0') end\n"
+"wake()\n"
 "return 1\n";
 
 /*
@@ -258,11 +266,13 @@ static const char *redisson_extend_lua =
 
 /*
  * Force release, every layout.  KEYS: lock.  ARGV: publish command,
- * expected type, channel, read-write lock channel, fair queue ("": none).
- * A key of another type is never deleted.  A read-write lock (a hash with a
- * "mode" field) is deleted whatever the protocol, and its waiters are all
- * woken ("1"), as Redisson's forceUnlock of a write lock does.  Under
- * redisson_fair the head of the queue is woken on its own channel.
+ * expected type, channel, read-write lock channel, fair queue ("": none),
+ * fair timeout set, now (Unix ms).  A key of another type is never
+ * deleted.  A read-write lock (a hash with a "mode" field) is deleted
+ * whatever the protocol, and its waiters are all woken ("1"), as Redisson's
+ * forceUnlock of a write lock does.  Under redisson_fair the queue's heads
+ * whose time has passed leave it first, as in Redisson's forceUnlock, and
+ * the live head is woken on its own channel.
  */
 static const char *force_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
@@ -276,10 +286,19 @@ static const char *force_lua =
 "redis.call('del', KEYS[1])\n"
 "if ARGV[5] == '' then\n"
 "  redis.call(ARGV[1], ARGV[3], '0')\n"
-"else\n"
-"  local nx = redis.call('lindex', ARGV[5], 0)\n"
-"  if nx then redis.call(ARGV[1], ARGV[3] .. ':' .. nx, '0') end\n"
+"  return 1\n"
 "end\n"
+"local now = tonumber(ARGV[7])\n"
+"while true do\n"
+"  local head = redis.call('lindex', ARGV[5], 0)\n"
+"  if not head then break end\n"
+"  local gone = redis.call('zscore', ARGV[6], head)\n"
+"  if not gone or tonumber(gone) > now then break end\n"
+"  redis.call('zrem', ARGV[6], head)\n"
+"  redis.call('lpop', ARGV[5])\n"
+"end\n"
+"local nx = redis.call('lindex', ARGV[5], 0)\n"
+"if nx then redis.call(ARGV[1], ARGV[3] .. ':' .. nx, '0') end\n"
 "return 1\n";
 
 /*
@@ -625,12 +644,17 @@ rw_timeout_prefix(const char *key)
  * fair queue, read timeout keys) fall in other Cluster hash slots?  They do
  * when the key has a "{" but no complete hash tag: the names then hash
  * whole.  The simple layout chooses its own counter name, and a write hold
- * touches one key.
+ * touches one key (and one channel, a concern only for sharded pub/sub).
  */
 bool
 rl_key_splits_slots(RLProtocol protocol, const char *key)
 {
-	if (protocol == RL_PROTOCOL_SIMPLE || protocol == RL_PROTOCOL_RW_WRITE)
+	/*
+	 * A write hold's release publishes on redisson_rwlock:<key>, which with
+	 * sharded pub/sub must be in the key's slot too
+	 */
+	if (protocol == RL_PROTOCOL_SIMPLE ||
+		(protocol == RL_PROTOCOL_RW_WRITE && !rl_sharded_pubsub))
 		return false;
 	return strchr(key, '{') != NULL && !has_hash_tag(key, strlen(key));
 }
@@ -1132,14 +1156,17 @@ rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 void
 rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
+	bool		fair = n->protocol == RL_PROTOCOL_REDISSON_FAIR;
 	const char *keys[1] = {n->key};
-	const char *args[5] = {publish_cmd(),
+	const char *args[7] = {publish_cmd(),
 		n->protocol == RL_PROTOCOL_SIMPLE ? "string" : "hash",
 		n->channel,
 		redisson_prefix_name("redisson_rwlock", n->key),
-	n->protocol == RL_PROTOCOL_REDISSON_FAIR ? fair_queue_key(n) : ""};
+		fair ? fair_queue_key(n) : "",
+		fair ? fair_timeout_key(n) : "",
+	fair ? unix_ms_text() : "0"};
 
-	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 5, args);
+	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 7, args);
 }
 
 /*

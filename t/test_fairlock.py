@@ -135,3 +135,60 @@ def test_a_crashed_waiter_stalls_the_queue_only_until_its_time(env):
     assert granted_ms - deadline_ms < 1200 * S
     assert rc.llen(QUEUE % "crash") == 0
     assert late.run("SELECT redis_lock_release('crash')") is True
+
+
+def fair_channel(name, owner):
+    """The channel a fair waiter with this owner id listens on."""
+    return "redisson_lock__channel:{%s}:%s" % (name, owner)
+
+
+def listen(rc, channel):
+    p = rc.pubsub()
+    p.subscribe(channel)
+    assert p.get_message(timeout=5)["type"] == "subscribe"
+    return p
+
+
+def heard(p, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        m = p.get_message(timeout=0.05)
+        if m is not None and m["type"] == "message":
+            return True
+    return False
+
+
+def test_force_release_skips_expired_queue_heads(fair, rc):
+    """The queue's head is a waiter whose time has passed (it crashed); a
+    live waiter is behind it (a foreign one that only listens on its
+    channel).  A force release must drop the dead head and wake the live
+    waiter on its own channel, as Redisson's forceUnlock does, not wake the
+    dead one and leave the live one to its own timer."""
+    rc.hset("pf", "0e2c6f5a-0000-4000-8000-000000000002:9", 1)   # a foreign holder
+    rc.pexpire("pf", 60000)
+    dead = "0e2c6f5a-0000-4000-8000-000000000003:11"
+    live = "0e2c6f5a-0000-4000-8000-000000000005:15"
+    rc.rpush(QUEUE % "pf", dead, live)
+    now_ms = time.time() * 1000
+    rc.zadd(TIMEOUTS % "pf", {dead: now_ms - 5000, live: now_ms + 60000})
+    sub = listen(rc, fair_channel("pf", live))
+    forcer = fair()
+    assert forcer.run("SELECT redis_lock_force_release('pf')") is True
+    assert heard(sub, 1 * S), "the live waiter was not woken on its channel"
+    assert rc.lrange(QUEUE % "pf", 0, -1) == [live.encode()]
+
+
+def test_a_release_after_the_lease_ran_out_still_wakes_the_queue(fair, sessions, rc):
+    """Our lease ran out while a waiter that is not polling (a foreign one,
+    here a live entry at the head of the queue) waits: our release finds the
+    lock gone, says so, and still wakes that head, who would otherwise wait
+    for its own timer."""
+    a = fair()
+    assert a.run("SELECT redis_lock_acquire('fx', ttl => '300ms') > 0")
+    head = "0e2c6f5a-0000-4000-8000-000000000004:13"
+    rc.rpush(QUEUE % "fx", head)
+    rc.zadd(TIMEOUTS % "fx", {head: time.time() * 1000 + 60000})
+    sub = listen(rc, fair_channel("fx", head))
+    testbed.wait_until(lambda: not rc.exists("fx"), 5, 0.01, what="the lease to run out")
+    assert a.run("SELECT redis_lock_release('fx')") is False     # lost: a WARNING
+    assert heard(sub, 1 * S), "the queue's head was not woken"

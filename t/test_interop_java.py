@@ -615,3 +615,26 @@ def test_cluster_sharded_pubsub_wakes_both_ways(cluster, line):
         a.close()
         admin.close()
         peer.close()
+
+
+def test_cluster_sharded_write_hold_with_an_unbalanced_brace_is_refused(cluster):
+    """With sharded pub/sub a write hold's release publishes on
+    redisson_rwlock:<key>, which for a key with a "{" but no complete hash
+    tag hashes to another slot: the release would fail (38000) after
+    deleting the key.  Such a name is refused up front (0A000), nothing is
+    taken; with classic pub/sub it works."""
+    nodes, pg = cluster
+    s = Session(pg)
+    owner = testbed.slot_owner(nodes, "we{ird")[0].client()
+    try:
+        s.run("SET redis_lock.sharded_pubsub = on")
+        with pytest.raises(psycopg2.Error) as ei:
+            s.run("SELECT redis_lock_acquire_write('we{ird')")
+        assert ei.value.pgcode == "0A000", ei.value
+        assert not owner.exists("we{ird")
+        s.run("SET redis_lock.sharded_pubsub = off")
+        assert s.run("SELECT redis_lock_acquire_write('we{ird') IS NOT NULL")
+        assert s.run("SELECT redis_lock_release_write('we{ird')") is True
+        assert not owner.exists("we{ird")
+    finally:
+        s.close()
