@@ -334,6 +334,9 @@ start_tcp(const struct addrinfo *ai)
 	return sock;
 }
 
+static RLStream *stream_around(pgsocket sock, const RLEndpoint *ep,
+							   RLStreamFailure *failure, char **reason);
+
 /*
  * Start a non-blocking connect to ep: IPv4 addresses first, then IPv6 (as
  * hiredis did), the first that can start.  The name is resolved here
@@ -348,7 +351,6 @@ rl_stream_open(const RLEndpoint *ep, RLStreamFailure *failure, char **reason)
 	pgsocket	sock = PGINVALID_SOCKET;
 	const char *why = NULL;
 	int			f;
-	RLStream   *s;
 
 	if (!AcquireExternalFD())
 	{
@@ -389,28 +391,57 @@ rl_stream_open(const RLEndpoint *ep, RLStreamFailure *failure, char **reason)
 		*reason = pstrdup(why ? why : "no address");
 		return NULL;
 	}
-	s = MemoryContextAllocZero(TopMemoryContext, sizeof(RLStream));
-	s->sock = sock;
-	snprintf(s->label, sizeof(s->label), "%s:%d", ep->host, ep->port);
-	s->reader = reader_create();
-	if (s->reader == NULL)
+	return stream_around(sock, ep, failure, reason);
+}
+
+/*
+ * The stream of a socket just connecting, with its reply reader and, for
+ * TLS, its SSL object.  The socket (and its external-FD count) belongs to
+ * the stream from the first line: an ERROR while the rest is made (out of
+ * memory, building the TLS context) closes whatever was made, so no socket
+ * or SSL object outlives it.  Returns NULL with *failure and *reason set,
+ * everything closed, when hiredis or OpenSSL refuse.
+ */
+static RLStream *
+stream_around(pgsocket sock, const RLEndpoint *ep, RLStreamFailure *failure,
+			  char **reason)
+{
+	RLStream   *volatile s = NULL;
+	volatile RLStreamFailure why = RL_STREAM_FAIL_LOCAL;
+	char	   *volatile why_text = NULL;
+
+	PG_TRY();
+	{
+		s = MemoryContextAllocZero(TopMemoryContext, sizeof(RLStream));
+		s->sock = sock;
+		snprintf(s->label, sizeof(s->label), "%s:%d", ep->host, ep->port);
+		s->reader = reader_create();
+		if (s->reader == NULL)
+			why_text = pstrdup("out of memory in hiredis");
+		else if (ep->tls)
+		{
+			why_text = tls_start(s, ep);
+			why = RL_STREAM_FAIL_TLS;
+		}
+	}
+	PG_CATCH();
+	{
+		if (s != NULL)
+			rl_stream_close(s);
+		else
+		{
+			closesocket(sock);
+			ReleaseExternalFD();
+		}
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	if (why_text != NULL)
 	{
 		rl_stream_close(s);
-		*failure = RL_STREAM_FAIL_LOCAL;
-		*reason = pstrdup("out of memory in hiredis");
+		*failure = why;
+		*reason = why_text;
 		return NULL;
-	}
-	if (ep->tls)
-	{
-		char	   *tls_why = tls_start(s, ep);
-
-		if (tls_why != NULL)
-		{
-			rl_stream_close(s);
-			*failure = RL_STREAM_FAIL_TLS;
-			*reason = tls_why;
-			return NULL;
-		}
 	}
 	return s;
 }
