@@ -19,7 +19,7 @@ OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 DATA = $(wildcard sql/redis_lock--*.sql)
 PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 
-SHLIB_LINK += -lhiredis -lssl -lcrypto
+SHLIB_LINK += -lhiredis -lssl -lcrypto -lcares
 PG_CPPFLAGS += -I$(srcdir)/src
 # another hiredis than the system's (scripts/matrix compiles against 1.2)
 ifdef RL_HIREDIS

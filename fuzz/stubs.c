@@ -24,6 +24,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "resolve.h"
 #include "topology.h"
 
 /* port.h maps the printf family to PostgreSQL's own (libpgport): use libc's */
@@ -342,6 +343,9 @@ struct Latch *MyLatch = NULL;
 int WaitLatch(Latch *latch, int wakeEvents, long timeout, uint32 wait_event_info) { abort(); }
 void ResetLatch(Latch *latch) { abort(); }
 uint32 rl_wait_event(RLWaitKind kind) { abort(); }
+
+/* ---- resolve.c: the formatter never connects ---- */
+int rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char **why) { abort(); }
 
 /* ---- transport.c: parsers never talk to Redis ---- */
 RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber) { abort(); }

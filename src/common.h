@@ -25,6 +25,7 @@
  *				  round trips and pub/sub, all waits on the latch
  *	stream.c      the bytes of one connection: socket, TLS (OpenSSL), the
  *				  hiredis RESP codec
+ *	resolve.c     host names to addresses (c-ares), waited for on the latch
  *	settings.c    GUCs, parsing of redis_lock.url, durations for messages
  *	stats.c       the counters of redis_lock_stats(), the wait events
  *

@@ -73,6 +73,9 @@ struct RLStream
 	uint32		tls_read_wants;
 	bool		tls_got_data;	/* SSL_read has returned data since connecting */
 	char		label[300];		/* host:port, for the WARNING of tls_verify=none */
+	RLAddr	   *addrs;			/* addresses to go on with, from next_addr */
+	int			naddrs;
+	int			next_addr;
 	redisReader *reader;
 	char	   *out;			/* formatted commands not yet written */
 	size_t		outlen;
@@ -307,23 +310,18 @@ tls_start(RLStream *s, const RLEndpoint *ep)
  * ----------------------------------------------------------------
  */
 
-/*
- * Start a non-blocking connect to ep.  The name is resolved here
- * (getaddrinfo, as hiredis and libpq do).  Returns NULL with *failure and
- * *reason set when it cannot even start.
- */
-/* A non-blocking socket connecting to ai, or PGINVALID_SOCKET (errno set) */
+/* A non-blocking socket connecting to a, or PGINVALID_SOCKET (errno set) */
 static pgsocket
-start_tcp(const struct addrinfo *ai)
+start_tcp(const RLAddr *a)
 {
-	pgsocket	sock = socket(ai->ai_family, SOCK_STREAM, 0);
+	pgsocket	sock = socket(a->family, SOCK_STREAM, 0);
 	int			one = 1;
 
 	if (sock == PGINVALID_SOCKET)
 		return sock;
 	if (!pg_set_noblock(sock) ||
 		setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
-		(connect(sock, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS))
+		(connect(sock, (const struct sockaddr *) &a->sa, a->len) != 0 && errno != EINPROGRESS))
 	{
 		int			save = errno;
 
@@ -335,63 +333,88 @@ start_tcp(const struct addrinfo *ai)
 }
 
 static RLStream *stream_around(pgsocket sock, const RLEndpoint *ep,
+							   const RLAddr *rest, int nrest,
 							   RLStreamFailure *failure, char **reason);
 
 /*
- * Start a non-blocking connect to ep: IPv4 addresses first, then IPv6 (as
- * hiredis did), the first that can start.  The name is resolved here
- * (getaddrinfo, as hiredis and libpq do).  Returns NULL with *failure and
- * *reason set when it cannot even start.
+ * Start a non-blocking connect to ep: its name resolved by deadline
+ * (resolve.c, on the latch), then IPv4 addresses first, then IPv6 (as
+ * hiredis did), the first that can start; the others are kept for
+ * rl_stream_next_address.  Returns NULL with *failure and *reason set when
+ * it cannot even start.
  */
 RLStream *
-rl_stream_open(const RLEndpoint *ep, RLStreamFailure *failure, char **reason)
+rl_stream_open(const RLEndpoint *ep, TimestampTz deadline, RLStreamFailure *failure,
+			   char **reason)
 {
-	static const int families[2] = {AF_INET, AF_INET6};
-	char		port[16];
+	RLAddr	   *addrs;
+	char	   *why = NULL;
+	int			n;
+	int			i;
 	pgsocket	sock = PGINVALID_SOCKET;
-	const char *why = NULL;
-	int			f;
 
+	n = rl_resolve(ep->host, ep->port, deadline, &addrs, &why);
+	if (n == 0)
+	{
+		*failure = RL_STREAM_FAIL_CONNECT;
+		*reason = why;
+		return NULL;
+	}
 	if (!AcquireExternalFD())
 	{
 		*failure = RL_STREAM_FAIL_LOCAL;
 		*reason = pstrdup("there are too many open files on the local server");
 		return NULL;
 	}
-	snprintf(port, sizeof(port), "%d", ep->port);
-	for (f = 0; f < 2 && sock == PGINVALID_SOCKET; f++)
+	for (i = 0; i < n && sock == PGINVALID_SOCKET; i++)
 	{
-		struct addrinfo hints;
-		struct addrinfo *res = NULL;
-		struct addrinfo *ai;
-		int			rc;
-
-		memset(&hints, 0, sizeof(hints));
-		hints.ai_family = families[f];
-		hints.ai_socktype = SOCK_STREAM;
-		rc = getaddrinfo(ep->host, port, &hints, &res);
-		if (rc != 0)
-		{
-			if (why == NULL)
-				why = gai_strerror(rc);
-			continue;
-		}
-		for (ai = res; ai != NULL && sock == PGINVALID_SOCKET; ai = ai->ai_next)
-		{
-			sock = start_tcp(ai);
-			if (sock == PGINVALID_SOCKET)
-				why = strerror(errno);
-		}
-		freeaddrinfo(res);
+		sock = start_tcp(&addrs[i]);
+		if (sock == PGINVALID_SOCKET)
+			why = pstrdup(strerror(errno));
 	}
 	if (sock == PGINVALID_SOCKET)
 	{
 		ReleaseExternalFD();
 		*failure = RL_STREAM_FAIL_CONNECT;
-		*reason = pstrdup(why ? why : "no address");
+		*reason = why;
 		return NULL;
 	}
-	return stream_around(sock, ep, failure, reason);
+	return stream_around(sock, ep, addrs + i, n - i, failure, reason);
+}
+
+/*
+ * The connect to the current address timed out (TCP not up yet): go on with
+ * the next address that can start, keeping what is queued to write.
+ * Returns false when none is left.  The old socket is closed, so the
+ * caller's wait sets must be made anew.
+ */
+bool
+rl_stream_next_address(RLStream *s)
+{
+	struct linger abort_close = {1, 0};
+
+	Assert(!s->tcp_connected);
+	while (s->next_addr < s->naddrs)
+	{
+		pgsocket	sock = start_tcp(&s->addrs[s->next_addr++]);
+
+		if (sock == PGINVALID_SOCKET)
+			continue;
+		(void) setsockopt(s->sock, SOL_SOCKET, SO_LINGER, &abort_close, sizeof(abort_close));
+		closesocket(s->sock);
+		s->sock = sock;
+		if (s->ssl != NULL)
+			(void) SSL_set_fd(s->ssl, sock);
+		return true;
+	}
+	return false;
+}
+
+/* How many more addresses rl_stream_next_address could try */
+int
+rl_stream_addresses_left(const RLStream *s)
+{
+	return s->naddrs - s->next_addr;
 }
 
 /*
@@ -403,8 +426,8 @@ rl_stream_open(const RLEndpoint *ep, RLStreamFailure *failure, char **reason)
  * everything closed, when hiredis or OpenSSL refuse.
  */
 static RLStream *
-stream_around(pgsocket sock, const RLEndpoint *ep, RLStreamFailure *failure,
-			  char **reason)
+stream_around(pgsocket sock, const RLEndpoint *ep, const RLAddr *rest, int nrest,
+			  RLStreamFailure *failure, char **reason)
 {
 	RLStream   *volatile s = NULL;
 	volatile RLStreamFailure why = RL_STREAM_FAIL_LOCAL;
@@ -414,6 +437,12 @@ stream_around(pgsocket sock, const RLEndpoint *ep, RLStreamFailure *failure,
 	{
 		s = MemoryContextAllocZero(TopMemoryContext, sizeof(RLStream));
 		s->sock = sock;
+		if (nrest > 0)
+		{
+			s->addrs = MemoryContextAlloc(TopMemoryContext, sizeof(RLAddr) * nrest);
+			memcpy(s->addrs, rest, sizeof(RLAddr) * nrest);
+			s->naddrs = nrest;
+		}
 		snprintf(s->label, sizeof(s->label), "%s:%d", ep->host, ep->port);
 		s->reader = reader_create();
 		if (s->reader == NULL)
@@ -466,6 +495,8 @@ rl_stream_close(RLStream *s)
 	ReleaseExternalFD();
 	if (s->out != NULL)
 		pfree(s->out);
+	if (s->addrs != NULL)
+		pfree(s->addrs);
 	pfree(s);
 }
 

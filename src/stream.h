@@ -14,7 +14,7 @@
 #ifndef RL_STREAM_H
 #define RL_STREAM_H
 
-#include "settings.h"
+#include "resolve.h"
 
 typedef struct RLStream RLStream;
 
@@ -37,8 +37,10 @@ typedef enum RLStreamFailure
 	RL_STREAM_FAIL_LOCAL		/* out of file descriptors or memory here */
 } RLStreamFailure;
 
-extern RLStream *rl_stream_open(const RLEndpoint *ep, RLStreamFailure *failure,
-								char **reason);
+extern RLStream *rl_stream_open(const RLEndpoint *ep, TimestampTz deadline,
+								RLStreamFailure *failure, char **reason);
+extern bool rl_stream_next_address(RLStream *s);
+extern int	rl_stream_addresses_left(const RLStream *s);
 extern RLStreamStatus rl_stream_connect(RLStream *s, RLStreamFailure *failure,
 										char **reason);
 extern void rl_stream_close(RLStream *s);

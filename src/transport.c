@@ -74,7 +74,8 @@ typedef struct RunConn
 	RLFailure	failure;
 	char	   *reason;			/* detail of the failure */
 	int			errcode;
-	TimestampTz connect_deadline;
+	TimestampTz connect_deadline;	/* of the address being tried */
+	TimestampTz connect_end;	/* of the whole connect: connect_timeout */
 	TimestampTz deadline;		/* for the replies; starts once connected */
 	int			timeout_ms;
 } RunConn;
@@ -467,6 +468,21 @@ append_argv(RunConn *rc, int argc, const char **argv, const size_t *argvlen)
 }
 
 /*
+ * When the connect to the address being tried gives up: each address left
+ * gets an equal share of what remains of connect_timeout (libpq and
+ * redis-py move on to the next address after a timeout too).
+ */
+static TimestampTz
+address_deadline(RunConn *rc, TimestampTz now)
+{
+	int			tries = 1 + rl_stream_addresses_left(rc->conn->stream);
+
+	if (now >= rc->connect_end)
+		return rc->connect_end;
+	return now + (rc->connect_end - now) / tries;
+}
+
+/*
  * Start a non-blocking connect and queue the handshake in front of whatever
  * the caller sends: the whole handshake costs no extra round trip.
  */
@@ -481,7 +497,8 @@ start_connect(RunConn *rc, TimestampTz now)
 	RLStreamFailure failure;
 	char	   *reason;
 
-	conn->stream = rl_stream_open(&conn->ep, &failure, &reason);
+	rc->connect_end = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
+	conn->stream = rl_stream_open(&conn->ep, rc->connect_end, &failure, &reason);
 	if (conn->stream == NULL)
 	{
 		rc->failed = true;
@@ -498,7 +515,7 @@ start_connect(RunConn *rc, TimestampTz now)
 	conn->ever_connected = true;
 	conn->generation = rl_settings_generation;
 	rc->connecting = true;
-	rc->connect_deadline = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
+	rc->connect_deadline = address_deadline(rc, GetCurrentTimestamp());
 	rc->handshake = 0;
 
 	password = conn->secret;
@@ -1058,6 +1075,14 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 				sock_add(sw, rl_stream_socket(rc->conn->stream), WL_SOCKET_READABLE, i);
 			continue;
 		}
+		if (rc->connecting && now >= rc->connect_deadline &&
+			now < rc->connect_end && !rl_stream_in_handshake(rc->conn->stream) &&
+			rl_stream_next_address(rc->conn->stream))
+		{
+			/* that address never answered: the next one, in a new wait set */
+			wes_invalidate();
+			rc->connect_deadline = address_deadline(rc, now);
+		}
 		if (rc->connecting && now >= rc->connect_deadline)
 		{
 			if (rl_stream_in_handshake(rc->conn->stream))
@@ -1226,6 +1251,7 @@ cut_deadlines(RunConn *runs, int nruns, TimestampTz now)
 	for (i = 0; i < nruns; i++)
 	{
 		runs[i].connect_deadline = Min(runs[i].connect_deadline, cut);
+		runs[i].connect_end = Min(runs[i].connect_end, cut);
 		runs[i].deadline = Min(runs[i].deadline, cut);
 		/* a connect that completes after this gets as long for the reply */
 		runs[i].timeout_ms = Min(runs[i].timeout_ms, RL_HELD_WAIT_CUT_MS);
