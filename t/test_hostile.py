@@ -218,9 +218,10 @@ class FakeRedis:
                 return "acquire"
             if nkeys == 1 and len(args) == 0:
                 return "inspect"
-            if nkeys == 1 and len(args) == 2:
+            # extend: owner, lease ms, renew flag ("0" from a session)
+            if nkeys == 1 and len(args) == 3 and args[1].isdigit() and args[2] in (b"0", b"1"):
                 return "extend"
-            if nkeys == 1 and len(args) == 3 and args[1] in (b"string", b"hash"):
+            if nkeys == 1 and len(args) == 7 and args[1] in (b"string", b"hash"):
                 return "force"
             return "release"
         if name == b"CLIENT" or name in (b"AUTH", b"SELECT", b"PING", b"HELLO"):
