@@ -42,3 +42,225 @@ def test_takes_every_lock_tokens_in_order_and_one_evalsha(sessions, rc):
     assert a.run("SELECT redis_lock_release_many(ARRAY['m1', 'm2', 'm3'])") == 3
     assert evalsha_calls(rc) == 3  # three release scripts, one pipelined round trip
     assert keys(rc) == [] and held(a) == []
+
+
+def test_tokens_increase_in_the_order_given_across_counters(sessions, rc):
+    a = sessions()
+    # the counter of the first name's slot far ahead of every other one
+    a.run("SELECT redis_lock_acquire('hi'), redis_lock_release('hi')")
+    counter, = rc.keys("redis_lock:fence:*")
+    rc.set(counter, 9 * 10**15)
+    tokens = a.run("SELECT redis_lock_acquire_many(ARRAY['hi', 'lo1', 'lo2', 'lo3'])")
+    assert tokens[0] > 9 * 10**15
+    assert all(x < y for x, y in zip(tokens, tokens[1:])), tokens
+    # each counter stays ahead of the token its lock got: later single acquires go on rising
+    for name, tok in zip(["hi", "lo1", "lo2", "lo3"], tokens):
+        assert a.run("SELECT redis_lock_release(%s)", (name,))
+        assert a.run("SELECT redis_lock_acquire(%s)", (name,)) > tok
+        assert a.run("SELECT redis_lock_release(%s)", (name,))
+
+
+def test_all_or_nothing_against_a_redis_py_holder(sessions, rc):
+    a = sessions()
+    lock = rc.lock("b2", timeout=30)
+    assert lock.acquire(blocking=False)
+    with pytest.raises(psycopg2.errors.LockNotAvailable) as ei:
+        a.run("SELECT redis_lock_acquire_many(ARRAY['b1', 'b2', 'b3'], wait => '0')")
+    assert 'could not obtain Redis locks "b1", "b2" and "b3"' in str(ei.value)
+    assert ei.value.diag.message_detail.startswith('Another client holds Redis lock "b2"')
+    assert keys(rc) == ["b2"] and held(a) == []
+    t0 = time.monotonic()
+    with pytest.raises(psycopg2.errors.LockNotAvailable) as ei:
+        a.run("SELECT redis_lock_acquire_many(ARRAY['b1', 'b2', 'b3'], wait => '300ms')")
+    assert time.monotonic() - t0 >= 0.3
+    assert "within 300ms" in str(ei.value)
+    assert keys(rc) == ["b2"] and held(a) == []
+    assert rc.get("b2") == lock.local.token
+    lock.release()
+    assert len(a.run("SELECT redis_lock_acquire_many(ARRAY['b1', 'b2', 'b3'], wait => '0')")) == 3
+    assert keys(rc) == ["b1", "b2", "b3"]
+    assert a.run("SELECT redis_lock_release_many(ARRAY['b3', 'b1', 'b2'])") == 3
+
+
+def test_wrong_type_changes_nothing(sessions, rc):
+    a = sessions()
+    rc.hset("wt2", "f", "1")
+    with pytest.raises(psycopg2.errors.WrongObjectType) as ei:
+        a.run("SELECT redis_lock_acquire_many(ARRAY['wt1', 'wt2', 'wt3'])")
+    assert 'Redis key "wt2" holds a hash' in str(ei.value)
+    assert keys(rc) == ["wt2"] and rc.hgetall("wt2") == {b"f": b"1"}
+    assert held(a) == []
+
+
+def test_reentrancy_with_a_name_already_held(sessions, rc):
+    a = sessions()
+    t1 = a.run("SELECT redis_lock_acquire('r1')")
+    rc.pexpire("r1", 5000)
+    rc.config_resetstat()
+    tokens = a.run("SELECT redis_lock_acquire_many(ARRAY['r2', 'r1'])")
+    assert evalsha_calls(rc) == 1
+    assert tokens[1] == t1 and tokens[0] > t1
+    assert rc.pttl("r1") > 25000                     # its lease restarted
+    assert held(a) == [("r1", "session", 2), ("r2", "session", 1)]
+    assert a.run("SELECT redis_lock_release_many(ARRAY['r1', 'r2'])") == 2
+    assert keys(rc) == ["r1"] and held(a) == [("r1", "session", 1)]
+    # a name held at transaction scope too: both scopes counted, as a single acquire
+    a.run("BEGIN")
+    assert a.run("SELECT redis_lock_acquire_many(ARRAY['r1'], xact => true)") == [t1]
+    assert held(a) == [("r1", "session", 1), ("r1", "transaction", 1)]
+    a.run("COMMIT")
+    assert keys(rc) == ["r1"] and held(a) == [("r1", "session", 1)]
+    assert a.run("SELECT redis_lock_release('r1')")
+    assert keys(rc) == []
+
+
+def test_a_held_name_found_lost_is_taken_anew(sessions, rc):
+    a = sessions()
+    t1 = a.run("SELECT redis_lock_acquire('l1')")
+    rc.delete("l1")
+    a.conn.notices.clear()
+    tokens = a.run("SELECT redis_lock_acquire_many(ARRAY['l1', 'l2'])")
+    assert any('Redis lock "l1" was lost; acquiring it anew' in n for n in a.conn.notices)
+    assert tokens[0] > t1 and tokens[1] > tokens[0]
+    assert held(a) == [("l1", "session", 1), ("l2", "session", 1)]
+    assert a.run("SELECT redis_lock_release_many(ARRAY['l1', 'l2'])") == 2
+    assert keys(rc) == []
+
+
+def test_xact_scope_released_at_commit_and_rollback(sessions, rc):
+    a = sessions()
+    for end in ("COMMIT", "ROLLBACK"):
+        a.run("BEGIN")
+        a.run("SELECT redis_lock_acquire_many(ARRAY['x1', 'x2'], xact => true)")
+        assert keys(rc) == ["x1", "x2"]
+        assert held(a) == [("x1", "transaction", 1), ("x2", "transaction", 1)]
+        a.conn.notices.clear()
+        assert a.run("SELECT redis_lock_release_many(ARRAY['x1'])") == 0
+        assert any("held only at transaction scope" in n for n in a.conn.notices)
+        a.run(end)
+        assert keys(rc) == [] and held(a) == []
+
+
+def test_release_many_warns_for_each_name_not_held(sessions, rc):
+    a = sessions()
+    a.run("SELECT redis_lock_acquire('h1')")
+    a.conn.notices.clear()
+    assert a.run("SELECT redis_lock_release_many(ARRAY['n1', 'h1', 'n2'])") == 1
+    warned = [n for n in a.conn.notices if "you do not hold" in n]
+    assert len(warned) == 2 and '"n1"' in warned[0] and '"n2"' in warned[1]
+    assert keys(rc) == []
+
+
+def test_a_sql_holders_release_wakes_the_waiter(sessions, rc):
+    a, b, admin = sessions(), sessions(), sessions()
+    for _ in range(3):
+        a.run("SELECT redis_lock_acquire('p2')")
+        b.start("SELECT redis_lock_acquire_many(ARRAY['p1', 'p2', 'p3'], wait => '20s')")
+        wait_for_wait_event(admin.conn, b.pid)
+        # our holders publish: without the wake-up the waiter would sleep 1 s
+        t0 = time.monotonic()
+        assert a.run("SELECT redis_lock_release('p2')")
+        b.join()
+        assert b.error is None and len(b.result) == 3
+        assert b.finished_at - t0 < 0.3 * S
+        assert b.run("SELECT redis_lock_release_many(ARRAY['p1', 'p2', 'p3'])") == 3
+
+
+def test_a_foreign_clients_delete_wakes_the_waiter_by_keyspace_event(sessions, rc):
+    a, admin = sessions(), sessions()
+    rc.config_set("notify-keyspace-events", "Kgx")
+    try:
+        for _ in range(3):
+            # a token that looks like ours says "I publish": the waiter polls only
+            # every second, so a prompt wake-up is the keyspace notification
+            rc.set("k2", "pgrl:foreign", px=30000)
+            a.start("SELECT redis_lock_acquire_many(ARRAY['k1', 'k2', 'k3'], wait => '20s')")
+            wait_for_wait_event(admin.conn, a.pid)
+            t0 = time.monotonic()
+            rc.delete("k2")
+            a.join()
+            assert a.error is None and len(a.result) == 3
+            assert a.finished_at - t0 < 0.3 * S
+            assert a.run("SELECT redis_lock_release_many(ARRAY['k1', 'k2', 'k3'])") == 3
+    finally:
+        rc.config_set("notify-keyspace-events", "")
+
+
+def test_a_redis_py_holders_release_is_found_and_no_busy_polling(sessions, rc):
+    a, admin = sessions(), sessions()
+    lock = rc.lock("q2", timeout=30)
+    assert lock.acquire(blocking=False)
+    a.start("SELECT redis_lock_acquire_many(ARRAY['q1', 'q2'], wait => '20s')")
+    wait_for_wait_event(admin.conn, a.pid)
+    before = evalsha_calls(rc)
+    t0 = time.monotonic()
+    testbed.wait_until(lambda: time.monotonic() - t0 > 1.0, 5)
+    tries = evalsha_calls(rc) - before
+    # backoff 8 ms doubling to 100 ms: about 14 attempts in a second, not thousands
+    assert tries <= 20, tries
+    lock.release()
+    a.join()
+    assert a.error is None
+    assert a.run("SELECT redis_lock_release_many(ARRAY['q1', 'q2'])") == 2
+
+
+@pytest.mark.parametrize("how", ["cancel", "statement_timeout"])
+def test_cancel_during_the_wait_leaves_nothing(sessions, rc, how):
+    a, admin = sessions(), sessions()
+    lock = rc.lock("c2", timeout=30)
+    assert lock.acquire(blocking=False)
+    if how == "statement_timeout":
+        a.run("SET statement_timeout = '500ms'")
+    a.start("SELECT redis_lock_acquire_many(ARRAY['c1', 'c2', 'c3'], wait => '30s')")
+    wait_for_wait_event(admin.conn, a.pid)
+    t0 = time.monotonic()
+    if how == "cancel":
+        admin.run("SELECT pg_cancel_backend(%s)", (a.pid,))
+    a.join()
+    assert isinstance(a.error, psycopg2.errors.QueryCanceled)
+    assert a.finished_at - t0 < 1.0 * S + (0.5 if how == "statement_timeout" else 0)
+    a.run("RESET statement_timeout")
+    assert keys(rc) == ["c2"] and held(a) == []
+    lock.release()
+    assert len(a.run("SELECT redis_lock_acquire_many(ARRAY['c1', 'c2', 'c3'], wait => '0')")) == 3
+    assert a.run("SELECT redis_lock_release_many(ARRAY['c1', 'c2', 'c3'])") == 3
+    assert keys(rc) == []
+
+
+def opposite_orders(sessions, names, rounds):
+    """Two sessions take the same set in opposite orders, rounds times each,
+    in parallel; each writes inside its hold to prove the exclusion."""
+    setup = sessions()
+    setup.run("DROP TABLE IF EXISTS many_log; CREATE TABLE many_log(who int, phase int, at serial)")
+    errors = []
+
+    def worker(who, order):
+        s = sessions()
+        try:
+            arr = "ARRAY[%s]" % ", ".join("'%s'" % n for n in order)
+            for _ in range(rounds):
+                s.run("SELECT redis_lock_acquire_many(%s, wait => '60s')" % arr)
+                s.run("INSERT INTO many_log(who, phase) VALUES (%s, 0)", (who,))
+                s.run("INSERT INTO many_log(who, phase) VALUES (%s, 1)", (who,))
+                assert s.run("SELECT redis_lock_release_many(%s)" % arr) == len(order)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=worker, args=(0, names)),
+          threading.Thread(target=worker, args=(1, list(reversed(names))))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120 * S)
+    assert not any(t.is_alive() for t in ts), "a session did not finish: deadlock?"
+    assert errors == []
+    with setup.conn.cursor() as cur:
+        cur.execute("SELECT who, phase FROM many_log ORDER BY at")
+        rows = cur.fetchall()
+    assert len(rows) == 4 * rounds
+    # every hold's two writes are adjacent: no other session wrote in between
+    for i in range(0, len(rows), 2):
+        assert rows[i][0] == rows[i + 1][0] and (rows[i][1], rows[i + 1][1]) == (0, 1), rows[i:i + 2]
+
+
+def test_opposite_orders_in_parallel_never_deadlock(sessions, rc):
+    opposite_orders(sessions, ["o1", "o2", "o3"], 200)
