@@ -6,7 +6,8 @@ import time
 import psycopg2
 import pytest
 
-from conftest import wait_for_wait_event
+from conftest import Session, wait_for_wait_event
+from peers import REDISSON_LINES, JavaPeer
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -264,3 +265,201 @@ def opposite_orders(sessions, names, rounds):
 
 def test_opposite_orders_in_parallel_never_deadlock(sessions, rc):
     opposite_orders(sessions, ["o1", "o2", "o3"], 200)
+
+
+# ================================================================ Redisson layout
+
+def test_redisson_layout_takes_rlock_hashes(rsql, rc):
+    a = rsql()
+    tokens = a.run("SELECT redis_lock_acquire_many(ARRAY['rb', 'ra'], ttl => '20s')")
+    assert tokens[0] < tokens[1]
+    for k in ("ra", "rb"):
+        h = rc.hgetall(k)
+        assert len(h) == 1 and list(h.values()) == [b"1"]
+        assert 15000 < rc.pttl(k) <= 20000
+    field, = rc.hkeys("ra")
+    assert rc.hkeys("rb") == [field]
+    assert a.run("SELECT redis_lock_release_many(ARRAY['ra', 'rb'])") == 2
+    assert rc.exists("ra", "rb") == 0
+
+
+@pytest.fixture(scope="module", params=REDISSON_LINES, ids=lambda l: "redisson" + l)
+def java(request, redis_srv):
+    peer = JavaPeer([redis_srv.port], line=request.param, watchdog_ms=1500)
+    yield peer
+    peer.close()
+
+
+def test_redisson_multilock_and_sql_exclude_each_other_both_ways(java, rsql, sessions, rc):
+    a, admin = rsql(), sessions()
+    # Java holds {j1, j2}: SQL cannot have {j2, j3}, and leaves nothing behind
+    assert java.call("t1", "multilock", "j1,j2") is True
+    field = java.call("t1", "hello")
+    with pytest.raises(psycopg2.errors.LockNotAvailable) as ei:
+        a.run("SELECT redis_lock_acquire_many(ARRAY['j3', 'j2'], wait => '0')")
+    assert '"j2"' in ei.value.diag.message_detail
+    assert rc.exists("j3") == 0 and rc.hkeys("j2") == [field.encode()]
+    # a SQL waiter for {j2, j3} is woken by Redisson's unlock of the multilock
+    a.start("SELECT redis_lock_acquire_many(ARRAY['j2', 'j3'], wait => '20s')")
+    wait_for_wait_event(admin.conn, a.pid)
+    t0 = time.monotonic()
+    assert java.call("t1", "multiunlock", "j1,j2") is True
+    a.join()
+    assert a.error is None and len(a.result) == 2
+    assert a.finished_at - t0 < 0.5 * S
+    # SQL holds {j2, j3}: Redisson's multilock of {j1, j2} cannot, and then can
+    assert java.call("t2", "multitrylock", "j1,j2", 0, -1) is False
+    assert rc.exists("j1") == 0
+    waiting = java.send("t2", "multitrylock", "j1,j2", 20000, -1)
+    time.sleep(0.2)
+    assert not java.done(waiting)
+    assert a.run("SELECT redis_lock_release_many(ARRAY['j2', 'j3'])") == 2
+    assert java.result(waiting)[0] is True
+    assert java.call("t2", "multiunlock", "j1,j2") is True
+    assert rc.exists("j1", "j2", "j3") == 0
+
+
+# ================================================================ Cluster
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = [testbed.cluster_node().start() for _ in range(3)]
+    testbed.create_cluster(nodes)
+    pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url, "redis_lock.cluster": "on"}
+                          ).init().start().with_extension()
+    yield nodes, pg
+    pg.cleanup()
+    for n in nodes:
+        n.stop()
+
+
+def spread_names(nodes, n=3):
+    """n names on n different masters, by ascending slot."""
+    found = {}
+    for i in range(1000):
+        name = "cl%d" % i
+        node, slot = testbed.slot_owner(nodes, name)
+        if node.port not in {nd.port for nd, _ in found.values()}:
+            found[name] = (node, slot)
+        if len(found) == n:
+            break
+    return sorted(found, key=lambda k: found[k][1]), found
+
+
+def test_cluster_keys_in_one_slot_one_evalsha(cluster):
+    nodes, pg = cluster
+    for n in nodes:
+        n.client().flushall()
+    s = Session(pg)
+    try:
+        s.run("SELECT redis_lock_acquire('{t}warm'), redis_lock_release('{t}warm')")
+        node, _ = testbed.slot_owner(nodes, "{t}a")
+        node.client().config_resetstat()
+        tokens = s.run("SELECT redis_lock_acquire_many(ARRAY['{t}c', '{t}a', '{t}b'])")
+        assert evalsha_calls(node.client()) == 1
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+        assert s.run("SELECT redis_lock_release_many(ARRAY['{t}a', '{t}b', '{t}c'])") == 3
+    finally:
+        s.close()
+
+
+def test_cluster_slots_in_order_and_given_back_when_one_is_busy(cluster):
+    nodes, pg = cluster
+    for n in nodes:
+        n.client().flushall()
+    names, where = spread_names(nodes)
+    s = Session(pg)
+    try:
+        tokens = s.run("SELECT redis_lock_acquire_many(%s)", (list(reversed(names)),))
+        assert len(tokens) == 3 and all(tokens)
+        for name in names:
+            assert where[name][0].client().get(name).startswith(b"pgrl:")
+        assert s.run("SELECT redis_lock_release_many(%s)", (names,)) == 3
+        # the last slot busy: the earlier two were taken, then given back
+        last = where[names[2]][0].client()
+        last.set(names[2], "foreign", px=30000)
+        for n in nodes:
+            n.client().config_resetstat()
+        with pytest.raises(psycopg2.errors.LockNotAvailable) as ei:
+            s.run("SELECT redis_lock_acquire_many(%s, wait => '0')", (list(reversed(names)),))
+        assert '"%s"' % names[2] in ei.value.diag.message_detail
+        for name in names[:2]:
+            c = where[name][0].client()
+            assert c.exists(name) == 0
+            assert evalsha_calls(c) == 2        # acquire, then give back
+        assert last.get(names[2]) == b"foreign"
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        # and the first slot busy: nothing after it is asked
+        first = where[names[0]][0].client()
+        last.delete(names[2])
+        first.set(names[0], "foreign", px=30000)
+        for n in nodes:
+            n.client().config_resetstat()
+        with pytest.raises(psycopg2.errors.LockNotAvailable):
+            s.run("SELECT redis_lock_acquire_many(%s, wait => '0')", (list(reversed(names)),))
+        for name in names[1:]:
+            assert evalsha_calls(where[name][0].client()) == 0
+        first.delete(names[0])
+    finally:
+        s.close()
+
+
+def test_cluster_opposite_orders_in_parallel_never_deadlock(cluster):
+    nodes, pg = cluster
+    for n in nodes:
+        n.client().flushall()
+    names, _ = spread_names(nodes)
+    made = []
+
+    def sessions():
+        made.append(Session(pg))
+        return made[-1]
+    try:
+        opposite_orders(sessions, names, 100)
+    finally:
+        for s in made:
+            s.close()
+
+
+# ================================================================ Redlock
+
+@pytest.fixture(scope="module")
+def redlock():
+    masters = [testbed.Redis().start() for _ in range(3)]
+    pg = testbed.Postgres(conf={"redis_lock.nodes": ",".join(m.url for m in masters)}
+                          ).init().start().with_extension()
+    yield masters, pg
+    pg.cleanup()
+    for m in masters:
+        m.stop()
+
+
+def test_redlock_majority_and_give_back_below_quorum(redlock):
+    masters, pg = redlock
+    clients = [m.client() for m in masters]
+    for c in clients:
+        c.flushall()
+    s = Session(pg)
+    try:
+        # no fencing on independent masters: NULL tokens
+        assert s.run("SELECT redis_lock_acquire_many(ARRAY['g1', 'g2'])") == [None, None]
+        assert all(c.exists("g1", "g2") == 2 for c in clients)
+        assert s.run("SELECT redis_lock_release_many(ARRAY['g1', 'g2'])") == 2
+        # busy on two of three masters: the third's grant is given back
+        for c in clients[1:]:
+            c.set("g2", "foreign", px=30000)
+        clients[0].config_resetstat()
+        with pytest.raises(psycopg2.errors.LockNotAvailable):
+            s.run("SELECT redis_lock_acquire_many(ARRAY['g1', 'g2'], wait => '0')")
+        assert evalsha_calls(clients[0]) == 3   # granted both, then two releases
+        assert clients[0].exists("g1", "g2") == 0
+        assert all(c.exists("g1") == 0 for c in clients)
+        # busy on one master only: a majority grants, and that master stays foreign's
+        clients[1].delete("g2")
+        assert s.run("SELECT redis_lock_acquire_many(ARRAY['g1', 'g2'], wait => '0')") == [None, None]
+        assert clients[2].get("g2") == b"foreign"
+        assert clients[0].exists("g1", "g2") == 2 and clients[1].exists("g1", "g2") == 2
+        assert s.run("SELECT redis_lock_release_many(ARRAY['g1', 'g2'])") == 2
+        assert clients[2].get("g2") == b"foreign"
+    finally:
+        s.close()
