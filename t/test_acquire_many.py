@@ -22,6 +22,11 @@ def held(s):
         return cur.fetchall()
 
 
+def wait_for_subscriber(rc, channel):
+    testbed.wait_until(lambda: int(rc.execute_command("PUBSUB", "NUMSUB", channel)[1]) > 0,
+                       10, what="a subscriber on " + channel)
+
+
 def evalsha_calls(rc):
     return rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
 
@@ -311,10 +316,15 @@ def test_redisson_multilock_and_sql_exclude_each_other_both_ways(java, rsql, ses
     assert java.call("t2", "multitrylock", "j1,j2", 0, -1) is False
     assert rc.exists("j1") == 0
     waiting = java.send("t2", "multitrylock", "j1,j2", 20000, -1)
-    time.sleep(0.2)
+    # Redisson's waiter subscribes to the channel of the lock it found busy
+    wait_for_subscriber(rc, "redisson_lock__channel:{j2}")
     assert not java.done(waiting)
+    t0 = time.time()
     assert a.run("SELECT redis_lock_release_many(ARRAY['j2', 'j3'])") == 2
-    assert java.result(waiting)[0] is True
+    got, at = java.result(waiting)
+    assert got is True
+    # woken by our release's message, not by Redisson's own wait running out
+    assert at - t0 < 0.5 * S
     assert java.call("t2", "multiunlock", "j1,j2") is True
     assert rc.exists("j1", "j2", "j3") == 0
 
