@@ -5,9 +5,10 @@
  *	  checks (NULL, empty, oversized names; ttl and wait ranges), the errors
  *	  a caller sees for a wait that elapsed, and the shape of every result.
  *
- *	  The work itself is done by locktable.c; this file must not keep lock
- *	  state of its own or talk to Redis except through it and lockop.c, and
- *	  must not call hiredis: its header is included only for the
+ *	  The work itself is done by locktable.c (and lockmany.c for several
+ *	  locks at once); this file must not keep lock state of its own or talk
+ *	  to Redis except through them and lockop.c, and must not call hiredis:
+ *	  its header is included only for the
  *	  REDIS_REPLY_* codes of the RLReply trees lockop.c hands back.
  *
  * Copyright (c) 2026, redis_lock developers
@@ -32,6 +33,7 @@
 #include "catalog/pg_type.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/tuplestore.h"
@@ -489,6 +491,9 @@ redis_lock_acquire_many(PG_FUNCTION_ARGS)
 	bool	   *nulls;
 	int			dims[1];
 	int			lbs[1] = {1};
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
 	int			i;
 
 	if (wait < 0)
@@ -526,9 +531,9 @@ redis_lock_acquire_many(PG_FUNCTION_ARGS)
 		elems[i] = Int64GetDatum(fences[i]);
 	}
 	dims[0] = n;
+	get_typlenbyvalalign(INT8OID, &typlen, &typbyval, &typalign);
 	PG_RETURN_ARRAYTYPE_P(construct_md_array(elems, nulls, 1, dims, lbs, INT8OID,
-											 sizeof(int64), FLOAT8PASSBYVAL,
-											 TYPALIGN_DOUBLE));
+											 typlen, typbyval, typalign));
 }
 
 /*

@@ -349,6 +349,7 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	int			ns = 0;
 	int			nd = 0;
 	long		backoff = 8;
+	MemoryContext old;
 	int			i;
 
 	rl_stats_add(RL_STAT_WAITS, 1);
@@ -418,7 +419,10 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 			wchannels[nw] = channels[i];
 			wkeys[nw++] = keys[i];
 		}
+		/* what the wait allocates goes with the next attempt's reset */
+		old = MemoryContextSwitchTo(c->attempt_cxt);
 		(void) rl_wait_for_any_message(wsubs, nw, wchannels, wkeys, sleep_ms);
+		MemoryContextSwitchTo(old);
 	}
 	rl_unsubscribe_each_async(subs, ns, rl_pubsub_unsubscribe_cmd(), channels, keys);
 	rl_many_unsubscribed();

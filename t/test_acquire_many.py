@@ -88,6 +88,22 @@ def test_all_or_nothing_against_a_redis_py_holder(sessions, rc):
     assert a.run("SELECT redis_lock_release_many(ARRAY['b3', 'b1', 'b2'])") == 3
 
 
+def test_ttl_null_is_renewed_by_the_watchdog_and_a_ttl_is_not(sessions, rc):
+    a = sessions()
+    a.run("SET redis_lock.lease_time = '1500ms'")
+    a.run("SELECT redis_lock_acquire_many(ARRAY['w1', 'w2'])")
+    a.run("SELECT redis_lock_acquire_many(ARRAY['f1', 'f2'], ttl => '1500ms')")
+    assert a.run("SELECT bool_and(watchdog) FROM redis_lock_held() WHERE lock_name LIKE 'w%'")
+    assert not a.run("SELECT bool_or(watchdog) FROM redis_lock_held() WHERE lock_name LIKE 'f%'")
+    # three leases later the renewed ones are still there, the fixed ones gone
+    t_end = time.monotonic() + 4.5
+    while time.monotonic() < t_end:
+        assert rc.exists("w1", "w2") == 2, "a renewed lease ran out"
+        time.sleep(0.05)
+    assert rc.exists("f1", "f2") == 0
+    assert a.run("SELECT redis_lock_release_many(ARRAY['w1', 'w2'])") == 2
+
+
 def test_wrong_type_changes_nothing(sessions, rc):
     a = sessions()
     rc.hset("wt2", "f", "1")
