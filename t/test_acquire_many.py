@@ -489,3 +489,35 @@ def test_redlock_majority_and_give_back_below_quorum(redlock):
         assert clients[2].get("g2") == b"foreign"
     finally:
         s.close()
+
+
+def test_a_late_grant_of_a_timed_out_attempt_is_a_doubt_per_key(env):
+    """Redis frozen while the script is in flight: the call fails after
+    command_timeout holding nothing; when Redis thaws it runs the script and
+    grants every key, and the watchdog worker deletes each of them (one
+    doubt per key, the single acquire's machinery), whether or not the
+    session calls again."""
+    r, pg, session = env
+    rc = r.client()
+    a = session()
+    a.run("SELECT redis_lock_acquire('warm'), redis_lock_release('warm')")
+    a.run("SET redis_lock.command_timeout = '300ms'")
+    rc.config_resetstat()
+    r.pause()
+    try:
+        with pytest.raises(psycopg2.Error) as ei:
+            a.run("SELECT redis_lock_acquire_many(ARRAY['d1', 'd2', 'd3'], ttl => '60s')")
+        assert ei.value.pgcode == "08006"
+        assert held(a) == []
+    finally:
+        r.resume()
+
+    def gone():
+        return rc.exists("d1", "d2", "d3") == 0
+    # the late grant lands, then goes: nothing keeps a 60 s lease alive
+    testbed.wait_until(gone, 10 * S, 0.001, what="the late grants deleted by the worker")
+    # Redis ran the queued script (granting all three) and one release per key
+    assert evalsha_calls(rc) >= 4
+    assert held(a) == []
+    assert len(a.run("SELECT redis_lock_acquire_many(ARRAY['d1', 'd2', 'd3'], wait => '0')")) == 3
+    assert a.run("SELECT redis_lock_release_many(ARRAY['d1', 'd2', 'd3'])") == 3
