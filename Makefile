@@ -39,7 +39,7 @@ endif
 # pg_regress reads <outputdir>/sql/NAME.sql before <inputdir>/sql/NAME.sql; our
 # inputs live in sql_tests/ (sql/ holds the install scripts), so the output
 # directory gets a sql -> ../sql_tests link and expected files come from ./expected.
-REGRESS = init acquire_release scopes with_lock errors settings reconnect lease rwlock security
+REGRESS = init acquire_release scopes with_lock errors settings reconnect lease rwlock security many
 REGRESS_OPTS = --inputdir=. --outputdir=tmp_regress
 REGRESS_PREP = regress_prep
 # multi-session behaviour as isolation specs (specs/), PostgreSQL's own

@@ -10,6 +10,9 @@
  *	functions.c   SQL-callable functions: argument checks, result shaping
  *	locktable.c   per-backend table of held locks, reentrancy, transaction
  *				  and session-exit callbacks, acquire/wait/release logic
+ *	lockmany.c    beside locktable.c: several locks acquired at once, all
+ *				  or nothing; keeps the table only through the rl_many_*
+ *				  interface of locktable.h
  *	waitqueue.c   server-local queues of the backends waiting for the same
  *				  lock in shared memory: one contends in Redis, the rest sleep
  *	watchdog.c    shared-memory registry of every backend's locks and the
@@ -64,7 +67,7 @@
  * The extension's version, as redis_lock.control's default_version: what
  * PostgreSQL 18's pg_get_loaded_modules() shows (module.c).
  */
-#define RL_VERSION			"1.2"
+#define RL_VERSION			"1.3"
 
 /*
  * A function that never returns.  PostgreSQL 18 replaced the trailing

@@ -5,9 +5,10 @@
  *	  checks (NULL, empty, oversized names; ttl and wait ranges), the errors
  *	  a caller sees for a wait that elapsed, and the shape of every result.
  *
- *	  The work itself is done by locktable.c; this file must not keep lock
- *	  state of its own or talk to Redis except through it and lockop.c, and
- *	  must not call hiredis: its header is included only for the
+ *	  The work itself is done by locktable.c (and lockmany.c for several
+ *	  locks at once); this file must not keep lock state of its own or talk
+ *	  to Redis except through them and lockop.c, and must not call hiredis:
+ *	  its header is included only for the
  *	  REDIS_REPLY_* codes of the RLReply trees lockop.c hands back.
  *
  * Copyright (c) 2026, redis_lock developers
@@ -17,7 +18,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable.h"
+#include "lockmany.h"
 
 #include <math.h>
 
@@ -29,7 +30,10 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "catalog/pg_type.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/tuplestore.h"
@@ -50,6 +54,8 @@ PG_FUNCTION_INFO_V1(redis_lock_release_read);
 PG_FUNCTION_INFO_V1(redis_lock_acquire_write);
 PG_FUNCTION_INFO_V1(redis_lock_try_acquire_write);
 PG_FUNCTION_INFO_V1(redis_lock_release_write);
+PG_FUNCTION_INFO_V1(redis_lock_acquire_many);
+PG_FUNCTION_INFO_V1(redis_lock_release_many);
 
 /* ----------------------------------------------------------------
  * Argument checks
@@ -359,6 +365,189 @@ redis_lock_fence(PG_FUNCTION_ARGS)
 	if (e == NULL || e->fence == 0)
 		PG_RETURN_NULL();
 	PG_RETURN_INT64(e->fence);
+}
+
+/* ----------------------------------------------------------------
+ * Several locks at once
+ * ----------------------------------------------------------------
+ */
+static int
+cstring_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *) a, *(char *const *) b);
+}
+
+/*
+ * The lock_names argument: a one-dimensional text array of distinct names,
+ * each valid as a single lock_name, at most redis_lock.max_locks of them.
+ * Checked before any round trip.
+ */
+static char **
+arg_lock_names(FunctionCallInfo fcinfo, int argno, int *n)
+{
+	ArrayType  *arr;
+	Datum	   *elems;
+	bool	   *nulls;
+	char	  **names;
+	char	  **sorted;
+	int			i;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("lock_names must not be null")));
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_names must be a one-dimensional array")));
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, n);
+	if (*n == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_names must not be empty")));
+	for (i = 0; i < *n; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("lock_names must not contain null"),
+					 errdetail("Element %d is null.", i + 1)));
+	if (*n > rl_max_locks)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("too many Redis locks asked for at once"),
+				 errdetail("%d names were given; redis_lock.max_locks is %d.",
+						   *n, rl_max_locks)));
+	names = palloc(sizeof(char *) * *n);
+	for (i = 0; i < *n; i++)
+	{
+		text	   *t = DatumGetTextPP(elems[i]);
+		int			len = VARSIZE_ANY_EXHDR(t);
+
+		if (len == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lock_names must not contain an empty name"),
+					 errdetail("Element %d is empty.", i + 1)));
+		if (len > RL_MAX_NAME_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lock names must not be longer than %d bytes", RL_MAX_NAME_LEN),
+					 errdetail("Element %d has %d bytes.", i + 1, len)));
+		names[i] = text_to_cstring(t);
+	}
+	sorted = palloc(sizeof(char *) * *n);
+	memcpy(sorted, names, sizeof(char *) * *n);
+	qsort(sorted, *n, sizeof(char *), cstring_cmp);
+	for (i = 1; i < *n; i++)
+		if (strcmp(sorted[i - 1], sorted[i]) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lock_names must not contain duplicates"),
+					 errdetail("Lock \"%s\" is named more than once.", sorted[i])));
+	pfree(sorted);
+	return names;
+}
+
+/* "a", "b" and "c"; past a few names, how many more */
+static char *
+quoted_names(char **names, int n)
+{
+	StringInfoData buf;
+	int			shown = Min(n, 5);
+	int			i;
+
+	initStringInfo(&buf);
+	for (i = 0; i < shown; i++)
+	{
+		if (i > 0)
+			appendStringInfoString(&buf, i == n - 1 ? " and " : ", ");
+		appendStringInfo(&buf, "\"%s\"", names[i]);
+	}
+	if (shown < n)
+		appendStringInfo(&buf, " and %d more", n - shown);
+	return buf.data;
+}
+
+/*
+ * redis_lock_acquire_many(lock_names, ttl, wait, xact): take every lock or
+ * none, waiting up to wait (redis_lock.wait_timeout when NULL).  Returns
+ * the fencing tokens in the order given (NULL elements without fencing:
+ * Redlock); raises 55P03, naming the lock that was busy, if they are not
+ * obtained.
+ */
+Datum
+redis_lock_acquire_many(PG_FUNCTION_ARGS)
+{
+	int			n;
+	char	  **names = arg_lock_names(fcinfo, 0, &n);
+	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
+	int64		wait = arg_interval_ms(fcinfo, 2, "wait", true);
+	bool		xact = arg_bool(fcinfo, 3, "xact");
+	bool		obtained;
+	int			busy;
+	int64	   *fences;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			dims[1];
+	int			lbs[1] = {1};
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			i;
+
+	if (wait < 0)
+		wait = rl_wait_timeout_ms;
+	if (!xact && !rl_session_locks)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("session-scoped Redis locks are disabled for this session"),
+				 errdetail("redis_lock.session_locks is off: behind a transaction-pooling connection pooler another client would inherit the lock."),
+				 errhint("Take the locks with xact => true inside a transaction.")));
+	fences = rl_acquire_many((const char *const *) names, n, ttl, wait,
+							 xact ? RL_SCOPE_XACT : RL_SCOPE_SESSION,
+							 &obtained, &busy);
+	if (!obtained)
+	{
+		if (wait == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("could not obtain Redis locks %s", quoted_names(names, n)),
+					 errdetail("Another client holds Redis lock \"%s\"; none of the %d locks was taken.",
+							   names[busy], n)));
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("could not obtain Redis locks %s within %s",
+						quoted_names(names, n), rl_format_ms(wait)),
+				 errdetail("Another client holds Redis lock \"%s\"; none of the %d locks was taken.",
+						   names[busy], n)));
+	}
+	elems = palloc(sizeof(Datum) * n);
+	nulls = palloc(sizeof(bool) * n);
+	for (i = 0; i < n; i++)
+	{
+		/* Redlock: tokens from independent masters are not ordered, so none */
+		nulls[i] = fences[i] == 0;
+		elems[i] = Int64GetDatum(fences[i]);
+	}
+	dims[0] = n;
+	get_typlenbyvalalign(INT8OID, &typlen, &typbyval, &typalign);
+	PG_RETURN_ARRAYTYPE_P(construct_md_array(elems, nulls, 1, dims, lbs, INT8OID,
+											 typlen, typbyval, typalign));
+}
+
+/*
+ * redis_lock_release_many(lock_names): drop one session-scoped hold of each;
+ * returns how many were dropped of locks still held (a WARNING for each
+ * name not held, held only at transaction scope, or lost).
+ */
+Datum
+redis_lock_release_many(PG_FUNCTION_ARGS)
+{
+	int			n;
+	char	  **names = arg_lock_names(fcinfo, 0, &n);
+
+	PG_RETURN_INT32(rl_release_many((const char *const *) names, n));
 }
 
 /* ----------------------------------------------------------------

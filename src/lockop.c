@@ -323,3 +323,144 @@ rl_op_found_ttl(RLLockOp *op)
 	}
 	return least;
 }
+
+/* ----------------------------------------------------------------
+ * Several locks at once
+ * ----------------------------------------------------------------
+ */
+static void
+count_many_answer(RLManyOp *op, RLCall *call)
+{
+	RLAcquireManyResult r;
+
+	rl_parse_acquire_many(call, op->nlocks, &r);
+	switch (r.outcome)
+	{
+		case RL_ACQ_GRANTED:
+			op->yes++;
+			if (op->fences == NULL)
+				op->fences = r.fences;
+			return;
+		case RL_ACQ_BUSY:
+		case RL_ACQ_WRONGTYPE:
+			op->no++;
+			/* the first busy lock in the given order names the wait */
+			if (op->busy_index < 0 || r.index < op->busy_index ||
+				(r.index == op->busy_index && r.type != NULL))
+			{
+				op->busy_index = r.index;
+				op->lost = r.lost;
+				op->pttl = r.pttl;
+				op->wrongtype = r.type;
+			}
+			else if (r.index == op->busy_index && r.pttl > 0 &&
+					 (op->pttl <= 0 || r.pttl < op->pttl))
+				op->pttl = r.pttl;
+			op->holder_publishes |= r.holder_publishes;
+			return;
+		case RL_ACQ_FAILED:
+			break;
+	}
+	op->failed++;
+	if (op->failure == NULL)
+		op->failure = call;
+	if (call->sent || call->reply != NULL)
+		op->maybe_ran = true;
+}
+
+/*
+ * Run a multi-key acquire: one script call per node of the target (the
+ * node of the first key: the caller puts all keys in one slot), in one
+ * round trip, WAIT numreplicas pipelined after each as for a single
+ * acquire.  Failures are counted in soft mode; in hard mode a topology that
+ * cannot be learnt raises.  Interrupts raise either way.
+ */
+void
+rl_many_op_run(RLManyOp *op, RLRunMode mode)
+{
+	RLConn	   *conns[RL_MAX_NODES];
+	const RLLockNames *first = op->names[0];
+	char	   *error = NULL;
+	TimestampTz start;
+	int			k = 0;
+	int			j;
+
+	op->stride = rl_wait_replicas > 0 ? 2 : 1;
+	op->nodes = op->yes = op->no = op->failed = 0;
+	op->maybe_ran = op->holder_publishes = op->lost = false;
+	op->failure = NULL;
+	op->wrongtype = NULL;
+	op->fences = NULL;
+	op->busy_index = -1;
+	op->pttl = 0;
+	op->replicas_short = 0;
+	op->calls = palloc0(sizeof(RLCall) * rl_target_max_nodes(op->target) * op->stride);
+
+	if (mode == RL_RUN_SOFT)
+		op->nodes = rl_target_nodes(op->target, first->key, first->keylen,
+									conns, false, &error);
+	else
+		op->nodes = rl_target_nodes_or_raise(op->target, first->key,
+											 first->keylen, conns, false);
+	if (op->nodes < 0)
+	{
+		RLCall	   *c = &op->calls[0];
+
+		c->key = first->key;
+		c->keylen = first->keylen;
+		rl_call_fail(c, RL_FAIL_ROUTE,
+					 ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, error);
+		op->nodes = op->failed = 1;
+		op->failure = c;
+		op->stride = 1;
+		op->maybe_ran = true;
+		return;
+	}
+	for (j = 0; j < op->nodes; j++)
+	{
+		RLCall	   *c = &op->calls[k++];
+
+		rl_call_acquire_many(c, conns[j], op->names, op->nlocks, op->lease_ms,
+							 op->held, op->fence);
+		c->target = op->target;
+		c->key = first->key;
+		c->keylen = first->keylen;
+		if (op->stride == 2)
+			add_wait_call(&op->calls[k++], conns[j], op->target);
+	}
+	start = GetCurrentTimestamp();
+	rl_script_run(op->calls, k, RL_RUN_SOFT);
+	op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
+	for (j = 0; j < op->nodes; j++)
+	{
+		count_many_answer(op, &op->calls[j * op->stride]);
+		if (op->stride == 2)
+		{
+			RLReply    *w = op->calls[j * 2 + 1].reply;
+
+			if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
+				w->integer < rl_wait_replicas)
+				op->replicas_short++;
+		}
+	}
+}
+
+/*
+ * Did a multi-key acquire grant every lock?  As rl_op_granted: a majority
+ * granted and, for Redlock, the shortest lease left after the round trip
+ * and the drift allowance is still positive.
+ */
+bool
+rl_many_op_granted(RLManyOp *op)
+{
+	int64		lease = PG_INT64_MAX;
+	int			i;
+
+	if (!RL_MANY_YES(op))
+		return false;
+	if (op->target->kind != RL_TOPO_REDLOCK)
+		return true;
+	for (i = 0; i < op->nlocks; i++)
+		lease = Min(lease, op->lease_ms[i]);
+	return lease - op->elapsed_ms - (lease / 100 + 2) > 0;
+}

@@ -61,8 +61,49 @@ typedef struct RLLockOp
 
 #define RL_OP_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
 #define RL_OP_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
+/* the same tests, for an RLManyOp */
+#define RL_MANY_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
+#define RL_MANY_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
+
+/*
+ * Several locks taken at once with one multi-key acquire script per node
+ * (every Redlock master, or the one node all the keys live on, in one hash
+ * slot), answers counted by majority as for RLLockOp: a node grants every
+ * lock or none.
+ */
+typedef struct RLManyOp
+{
+	/* in */
+	RLTarget   *target;
+	int			nlocks;
+	const RLLockNames *const *names;	/* the same layout; one slot in a
+										 * Cluster */
+	const int64 *lease_ms;		/* per lock */
+	const bool *held;			/* per lock: the session holds it */
+	bool		fence;
+	/* out */
+	int			nodes;
+	int			yes;
+	int			no;
+	int			failed;
+	bool		maybe_ran;		/* a failed call may have reached Redis */
+	RLCall	   *failure;		/* first failed call */
+	RLCall	   *calls;
+	int			stride;			/* calls per node: 2 when WAIT follows */
+	int			replicas_short;
+	int64	   *fences;			/* granted: a granting node's tokens */
+	int			busy_index;		/* first lock a node found busy (or lost,
+								 * or of a foreign type), -1: none */
+	bool		lost;			/* busy_index is a held lock not ours */
+	int64		pttl;			/* its holder's remaining ms */
+	bool		holder_publishes;
+	char	   *wrongtype;		/* busy_index holds a foreign type */
+	int64		elapsed_ms;
+} RLManyOp;
 
 extern void rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode);
+extern void rl_many_op_run(RLManyOp *op, RLRunMode mode);
+extern bool rl_many_op_granted(RLManyOp *op);
 extern bool rl_op_granted(RLLockOp *op);
 extern int64 rl_op_found_ttl(RLLockOp *op);
 

@@ -1950,3 +1950,234 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	}
 	rl_close_all();
 }
+
+/* ----------------------------------------------------------------
+ * Several locks at once: release here, and the interface lockmany.c
+ * acquires through (locktable.h)
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Drop one session hold of each exclusive lock in names (distinct) and
+ * release, in one round trip per node however many, those left free.
+ * Returns how many holds were dropped of locks still ours (what
+ * rl_release would have returned true for); a name not held, held only at
+ * transaction scope, or lost is a WARNING each, as rl_release.  Raises
+ * after settling the others if a release's outcome is unknown.
+ */
+int
+rl_release_many(const char *const *names, int n)
+{
+	RLHeld	  **ents = palloc(sizeof(RLHeld *) * Max(n, 1));
+	int		   *results = palloc(sizeof(int) * Max(n, 1));
+	RLLockOp   *ops;
+	int			nents = 0;
+	int			released = 0;
+	int			unknown = -1;
+	int			i;
+
+	rl_safe_point();
+	for (i = 0; i < n; i++)
+	{
+		RLHeld	   *e = entry_find(RL_MODE_EXCLUSIVE, names[i]);
+
+		if (e == NULL || RL_HOLDS(e) == 0)
+		{
+			ereport(WARNING,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("you do not hold Redis lock \"%s\"", names[i])));
+			continue;
+		}
+		if (e->session_holds == 0)
+		{
+			ereport(WARNING,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("Redis lock \"%s\" is held only at transaction scope", names[i]),
+					 errdetail("It is released when the transaction ends.")));
+			continue;
+		}
+		e->session_holds--;
+		if (RL_HOLDS(e) > 0)
+		{
+			registry_sync(e, false);
+			if (e->lost)
+				warn_lost(e);
+			else
+				released++;
+			continue;
+		}
+		became_doubt(e);
+		if (e->lost)
+		{
+			warn_lost(e);
+			entry_remove(e);
+			continue;
+		}
+		ents[nents++] = e;
+	}
+	ops = release_entries(ents, nents, RL_RUN_SOFT, results);
+	for (i = 0; i < nents; i++)
+	{
+		if (results[i] == RELEASE_UNKNOWN)
+		{
+			if (unknown < 0)
+				unknown = i;
+			continue;
+		}
+		if (results[i] == 0)
+		{
+			mark_lost(ents[i]);
+			warn_lost(ents[i]);
+		}
+		else
+		{
+			rl_stats_add(RL_STAT_RELEASED, 1);
+			released++;
+		}
+		entry_remove(ents[i]);
+	}
+	if (unknown >= 0)
+		rl_raise_undecided(RL_ACTION_RELEASE, ents[unknown]->name, &ops[unknown]);
+	return released;
+}
+
+/* What a single acquire refuses for this name's layout (exclusive mode) */
+void
+rl_many_check_layout(const char *name)
+{
+	refuse_unsupported_layout(RL_MODE_EXCLUSIVE, name);
+}
+
+/*
+ * The entry an acquire of several locks works on for name: the session's
+ * own when it holds the lock (*held; its holds are counted on a grant), or
+ * the one a single acquire's attempt would use (a doubt of the name reused,
+ * its token retried; else a new one).  A hold known lost is discarded
+ * first, as a single acquire does.
+ */
+RLHeld *
+rl_many_entry(const char *name, int64 lease_ms, bool *held)
+{
+	RLHeld	   *e = entry_find(RL_MODE_EXCLUSIVE, name);
+
+	*held = false;
+	if (e != NULL && RL_HOLDS(e) > 0)
+	{
+		if (!e->lost)
+		{
+			*held = true;
+			return e;
+		}
+		rl_many_discard_lost(e);
+		e = NULL;
+	}
+	return entry_for_attempt(e, RL_MODE_EXCLUSIVE, name, lease_ms);
+}
+
+/* An acquire of e is about to be sent: a doubt until its answer is known */
+void
+rl_many_sending(RLHeld *e, int64 lease_ms)
+{
+	Assert(RL_HOLDS(e) == 0);
+	e->expires_at = doubt_horizon(lease_ms);
+	e->late_grant = true;		/* until we know: a cancel may cut it short */
+}
+
+/* Its answer came: late_grant when a node failed after it may have run */
+void
+rl_many_answered(RLHeld *e, bool late_grant)
+{
+	e->late_grant = late_grant;
+}
+
+/*
+ * A lock the session holds was found not ours: warn, as a single acquire
+ * does, and forget the holds; the caller takes the lock anew.
+ */
+void
+rl_many_discard_lost(RLHeld *e)
+{
+	if (!e->lost)
+		mark_lost(e);
+	ereport(WARNING,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("Redis lock \"%s\" was lost; acquiring it anew", e->name),
+			 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
+					   RL_HOLDS(e))));
+	e->session_holds = e->xact_holds = 0;
+	became_doubt(e);
+	entry_remove(e);
+}
+
+/*
+ * Give back grants not kept (entries with no holds), in one round trip per
+ * node.  settled[i]: nothing of ours is left for ents[i]; otherwise it
+ * stays a doubt.  Cancel ends it with an ERROR, leaving them doubts.
+ */
+void
+rl_many_give_back(RLHeld **ents, int n, bool *settled)
+{
+	int		   *results = palloc(sizeof(int) * Max(n, 1));
+	int			i;
+
+	(void) release_entries(ents, n, RL_RUN_SOFT, results);
+	for (i = 0; i < n; i++)
+		settled[i] = results[i] != RELEASE_UNKNOWN;
+	pfree(results);
+}
+
+/*
+ * Count the grant of e: a new hold of a lock the session held (its token
+ * and, under the watchdog, its lease unchanged, as a reentrant single
+ * acquire), or the first hold of a new grant.
+ */
+void
+rl_many_grant(RLHeld *e, bool held, int64 fence, int64 lease_ms,
+			  bool watchdog, RLScope scope)
+{
+	if (!held)
+	{
+		grant(e, fence, lease_ms, watchdog, scope);
+		return;
+	}
+	if (!e->watchdog)
+		e->lease_ms = lease_ms;
+	add_hold(e, scope);
+	registry_sync(e, true);
+}
+
+/* Drop an entry with no holds of which nothing can be left in Redis */
+void
+rl_many_forget(RLHeld *e)
+{
+	Assert(RL_HOLDS(e) == 0);
+	entry_remove(e);
+}
+
+/* Doubts an acquire leaves behind go to the worker (with preloading) */
+void
+rl_many_doubts_to_worker(void)
+{
+	hand_doubts_to_worker();
+}
+
+/*
+ * Subscriber connections of a wait under way: an interrupted wait leaves
+ * them subscribed, and they are closed at the next safe point or at
+ * transaction end.
+ */
+void
+rl_many_subscribed(RLConn **subs, int n)
+{
+	int			i;
+
+	for (i = 0; i < n && ndirty_subs < (int) lengthof(dirty_subs); i++)
+		dirty_subs[ndirty_subs++] = subs[i];
+}
+
+/* The wait unsubscribed its connections itself */
+void
+rl_many_unsubscribed(void)
+{
+	ndirty_subs = 0;
+}

@@ -76,6 +76,7 @@ extern void rl_forget(const char *name);
 extern void rl_safe_point(void);
 extern int	rl_held_snapshot(RLHeld **out);
 extern void rl_release_one_error_safe(const char *name);
+extern int	rl_release_many(const char *const *names, int n);
 /* What an operation on a lock was for, in messages */
 typedef enum RLLockAction
 {
@@ -88,5 +89,23 @@ typedef enum RLLockAction
 
 pg_noreturn extern void rl_raise_undecided(RLLockAction action, const char *name, RLLockOp *op);
 pg_noreturn extern void rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type);
+
+/*
+ * The interface lockmany.c (several locks at once) uses to keep this table:
+ * the same entries, holds, doubts and watchdog slots as a single acquire,
+ * one entry per name.  Exclusive locks only.
+ */
+extern void rl_many_check_layout(const char *name);
+extern RLHeld *rl_many_entry(const char *name, int64 lease_ms, bool *held);
+extern void rl_many_sending(RLHeld *e, int64 lease_ms);
+extern void rl_many_answered(RLHeld *e, bool late_grant);
+extern void rl_many_discard_lost(RLHeld *e);
+extern void rl_many_give_back(RLHeld **ents, int n, bool *settled);
+extern void rl_many_grant(RLHeld *e, bool held, int64 fence, int64 lease_ms,
+						  bool watchdog, RLScope scope);
+extern void rl_many_forget(RLHeld *e);
+extern void rl_many_doubts_to_worker(void);
+extern void rl_many_subscribed(RLConn **subs, int n);
+extern void rl_many_unsubscribed(void);
 
 #endif							/* RL_LOCKTABLE_H */

@@ -456,6 +456,109 @@ static const char *rw_write_extend_lua =
 "end\n"
 "return t + 2\n";
 
+/*
+ * Several locks at once (redis_lock_acquire_many), all or nothing, in one
+ * script per node: every key is checked first and nothing is written unless
+ * every one is free or ours.  Each key's grant is what the single acquire
+ * script would do with it.  Replies: {1, token per key} granted; {0, i,
+ * pttl, publishes} key i (1-based) busy; {-1, i, type} key i is not a lock
+ * of the layout; {-2, i} key i, which the session holds (its held flag),
+ * is not ours any more (lost).  A key already holding our token is ours (a
+ * retried acquire whose reply was lost): it is refreshed and counted anew.
+ *
+ * Fencing: one INCR per newly granted key, on the key's own counter as the
+ * single script does, and each token is raised above the one before it in
+ * the given order (a SET of the counter, which only moves it up), so the
+ * tokens of one call increase strictly in the order the names were given.
+ * A lock the session held keeps its token (0 in the reply).
+ *
+ * simple.  KEYS: n locks, then their n fence counters.  ARGV: marker,
+ * fence flag, then for each key its token, lease ms and held flag.
+ */
+static const char *simple_acquire_many_lua =
+"local n = #KEYS / 2\n"
+"for i = 1, n do\n"
+"  local b = 2 + 3 * (i - 1)\n"
+"  local v = redis.pcall('get', KEYS[i])\n"
+"  if type(v) == 'table' and v.err then\n"
+"    return {-1, i, redis.call('type', KEYS[i])['ok']}\n"
+"  end\n"
+"  if v ~= ARGV[b + 1] then\n"
+"    if ARGV[b + 3] == '1' then return {-2, i} end\n"
+"    if v then\n"
+"      local p = redis.call('pttl', KEYS[i])\n"
+"      if string.sub(v, 1, #ARGV[1]) == ARGV[1] then return {0, i, p, 1} end\n"
+"      return {0, i, p, 0}\n"
+"    end\n"
+"  end\n"
+"end\n"
+"local out = {1}\n"
+"local floor = 0\n"
+"for i = 1, n do\n"
+"  local b = 2 + 3 * (i - 1)\n"
+"  redis.call('set', KEYS[i], ARGV[b + 1], 'PX', ARGV[b + 2])\n"
+"  local f = 0\n"
+"  if ARGV[b + 3] ~= '1' and ARGV[2] == '1' then\n"
+"    f = redis.call('incr', KEYS[n + i])\n"
+"    local raise = false\n"
+"    if f == 1 then\n"
+"      local t = redis.call('time')\n"
+"      f = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+"      raise = true\n"
+"    end\n"
+"    if f <= floor then\n"
+"      f = floor + 1\n"
+"      raise = true\n"
+"    end\n"
+"    if raise then redis.call('set', KEYS[n + i], string.format('%.0f', f)) end\n"
+"    floor = f\n"
+"  end\n"
+"  out[i + 1] = f\n"
+"end\n"
+"return out\n";
+
+/*
+ * redisson (RLock hashes, as a RedissonMultiLock takes them).  KEYS: n
+ * locks, then their n token counters.  ARGV: our field, fence flag, then
+ * for each key its lease ms and held flag.
+ */
+static const char *redisson_acquire_many_lua =
+"local n = #KEYS / 2\n"
+"for i = 1, n do\n"
+"  local b = 2 + 2 * (i - 1)\n"
+"  local t = redis.call('type', KEYS[i])['ok']\n"
+"  if t == 'none' then\n"
+"    if ARGV[b + 2] == '1' then return {-2, i} end\n"
+"  elseif t ~= 'hash' then\n"
+"    return {-1, i, t}\n"
+"  elseif redis.call('hexists', KEYS[i], 'mode') == 1 then\n"
+"    return {-1, i, 'read-write lock'}\n"
+"  elseif redis.call('hexists', KEYS[i], ARGV[1]) == 0 then\n"
+"    if ARGV[b + 2] == '1' then return {-2, i} end\n"
+"    return {0, i, redis.call('pttl', KEYS[i]), 1}\n"
+"  end\n"
+"end\n"
+"local out = {1}\n"
+"local floor = 0\n"
+"for i = 1, n do\n"
+"  local b = 2 + 2 * (i - 1)\n"
+"  if redis.call('hexists', KEYS[i], ARGV[1]) == 0 then\n"
+"    redis.call('hincrby', KEYS[i], ARGV[1], 1)\n"
+"  end\n"
+"  redis.call('pexpire', KEYS[i], ARGV[b + 1])\n"
+"  local f = 0\n"
+"  if ARGV[b + 2] ~= '1' and ARGV[2] == '1' then\n"
+"    f = redis.call('incr', KEYS[n + i])\n"
+"    if f <= floor then\n"
+"      f = floor + 1\n"
+"      redis.call('set', KEYS[n + i], string.format('%.0f', f))\n"
+"    end\n"
+"    floor = f\n"
+"  end\n"
+"  out[i + 1] = f\n"
+"end\n"
+"return out\n";
+
 typedef struct RLScript
 {
 	const char *name;			/* for messages */
@@ -527,6 +630,8 @@ rl_scripts_init(void)
 		[RL_SCRIPT_RW_WRITE_EXTEND] = {"read-write lock write extend", rw_write_extend_lua},
 		[RL_SCRIPT_FORCE] = {"force release", force_lua},
 		[RL_SCRIPT_INSPECT] = {"inspect", inspect_lua},
+		[RL_SCRIPT_SIMPLE_ACQUIRE_MANY] = {"simple acquire many", simple_acquire_many_lua},
+		[RL_SCRIPT_REDISSON_ACQUIRE_MANY] = {"redisson acquire many", redisson_acquire_many_lua},
 	};
 
 	memcpy(scripts, all, sizeof(scripts));
@@ -1080,6 +1185,56 @@ rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms
 	}
 }
 
+/* Which layouts have a multi-key acquire script */
+bool
+rl_protocol_has_many(RLProtocol protocol)
+{
+	return protocol == RL_PROTOCOL_SIMPLE || protocol == RL_PROTOCOL_REDISSON;
+}
+
+/*
+ * Set call up as the multi-key acquire script of the layout of names[0] (all
+ * names have it): every lock, with its lease, or none; held[i]: the session
+ * holds lock i (then it must still be ours, and keeps its token); fence
+ * asks for fencing tokens.  The arguments past RL_MAX_ARGS are palloc'd in
+ * the current memory context.
+ */
+void
+rl_call_acquire_many(RLCall *call, RLConn *conn, const RLLockNames *const *names,
+					 int n, const int64 *lease_ms, const bool *held, bool fence)
+{
+	bool		simple = names[0]->protocol == RL_PROTOCOL_SIMPLE;
+	RLScript   *s = &scripts[simple ? RL_SCRIPT_SIMPLE_ACQUIRE_MANY :
+								 RL_SCRIPT_REDISSON_ACQUIRE_MANY];
+	char	   *nkeys = psprintf("%d", 2 * n);
+	int			i;
+
+	Assert(rl_protocol_has_many(names[0]->protocol));
+	ensure_shas();
+	rl_call_set(call, conn, 0, NULL, NULL);
+	rl_call_arg(call, "EVALSHA", 7);
+	rl_call_arg(call, s->sha, 40);
+	rl_call_arg(call, nkeys, strlen(nkeys));
+	for (i = 0; i < n; i++)
+		rl_call_arg(call, names[i]->key, names[i]->keylen);
+	for (i = 0; i < n; i++)
+		rl_call_arg(call, names[i]->fence_key, strlen(names[i]->fence_key));
+	if (simple)
+		rl_call_arg(call, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
+	else
+		rl_call_arg(call, names[0]->owner, strlen(names[0]->owner));
+	rl_call_arg(call, fence ? "1" : "0", 1);
+	for (i = 0; i < n; i++)
+	{
+		char	   *ms = ms_text(lease_ms[i]);
+
+		if (simple)
+			rl_call_arg(call, names[i]->owner, strlen(names[i]->owner));
+		rl_call_arg(call, ms, strlen(ms));
+		rl_call_arg(call, held[i] ? "1" : "0", 1);
+	}
+}
+
 /*
  * Set call up as the release script of n's protocol: delete the lock if it
  * is ours and publish on its channel.
@@ -1247,6 +1402,64 @@ rl_parse_acquire(RLCall *call, RLAcquireResult *res)
 	}
 	if (res->outcome != RL_ACQ_FAILED)
 		res->failure = NULL;
+}
+
+/*
+ * Decode a multi-key acquire script's reply for n locks into res (see
+ * simple_acquire_many_lua); anything else is failed.
+ */
+void
+rl_parse_acquire_many(RLCall *call, int n, RLAcquireManyResult *res)
+{
+	RLReply    *r = call->reply;
+	size_t		i;
+
+	memset(res, 0, sizeof(*res));
+	res->outcome = RL_ACQ_FAILED;
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+		return;
+	for (i = 0; i < r->elements; i++)
+		if (r->element[i]->type != REDIS_REPLY_INTEGER &&
+			!(i == 2 && r->element[0]->type == REDIS_REPLY_INTEGER &&
+			  r->element[0]->integer == -1 && is_text(r->element[i])))
+			return;
+	if (r->element[0]->integer == 1)
+	{
+		if (r->elements != (size_t) n + 1)
+			return;
+		res->fences = palloc(sizeof(int64) * n);
+		for (i = 0; i < (size_t) n; i++)
+			res->fences[i] = r->element[i + 1]->integer;
+		res->outcome = RL_ACQ_GRANTED;
+		return;
+	}
+	if (r->element[1]->integer < 1 || r->element[1]->integer > n)
+		return;
+	res->index = (int) r->element[1]->integer - 1;
+	switch (r->element[0]->integer)
+	{
+		case 0:
+			if (r->elements != 4)
+				return;
+			res->outcome = RL_ACQ_BUSY;
+			res->pttl = r->element[2]->integer;
+			res->holder_publishes = r->element[3]->integer == 1;
+			break;
+		case -1:
+			if (r->elements != 3)
+				return;
+			res->outcome = RL_ACQ_WRONGTYPE;
+			res->type = r->element[2]->str;
+			break;
+		case -2:
+			if (r->elements != 2)
+				return;
+			res->outcome = RL_ACQ_BUSY;
+			res->lost = true;
+			break;
+		default:
+			break;
+	}
 }
 
 /*

@@ -34,6 +34,8 @@ typedef enum RLScriptId
 	RL_SCRIPT_RW_WRITE_EXTEND,
 	RL_SCRIPT_FORCE,
 	RL_SCRIPT_INSPECT,
+	RL_SCRIPT_SIMPLE_ACQUIRE_MANY,
+	RL_SCRIPT_REDISSON_ACQUIRE_MANY,
 	RL_SCRIPT_COUNT
 } RLScriptId;
 
@@ -69,6 +71,23 @@ typedef struct RLAcquireResult
 	int			nodes;			/* nodes asked */
 } RLAcquireResult;
 
+/*
+ * Outcome of one multi-key acquire script on one node: every lock granted,
+ * or none.  Busy, wrong type and lost name the first lock (0-based index)
+ * that stopped it; lost: a lock the session holds is not ours there any more.
+ */
+typedef struct RLAcquireManyResult
+{
+	RLAcquireOutcome outcome;	/* GRANTED, BUSY (also lost), WRONGTYPE, FAILED */
+	int			index;
+	bool		lost;
+	int64	   *fences;			/* when granted: one per lock, 0 for a lock
+								 * the session held and without fencing */
+	int64		pttl;			/* when busy: the holder's remaining ms */
+	bool		holder_publishes;
+	char	   *type;			/* when wrong type: Redis type name */
+} RLAcquireManyResult;
+
 extern void rl_scripts_init(void);
 extern void rl_names_build(RLLockNames *names, RLProtocol protocol,
 						   const char *prefix, const char *lock_name,
@@ -96,6 +115,12 @@ extern int64 rl_extend_found_ttl(RLCall *call);
 extern void rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n);
 extern void rl_parse_acquire(RLCall *call, RLAcquireResult *res);
+extern bool rl_protocol_has_many(RLProtocol protocol);
+extern void rl_call_acquire_many(RLCall *call, RLConn *conn,
+								 const RLLockNames *const *names, int n,
+								 const int64 *lease_ms, const bool *held,
+								 bool fence);
+extern void rl_parse_acquire_many(RLCall *call, int n, RLAcquireManyResult *res);
 extern bool rl_inspect_reply_valid(const RLReply *r);
 /* Answer of a release, extend or force script on one node */
 typedef enum RLFlag

@@ -468,6 +468,33 @@ append_argv(RunConn *rc, int argc, const char **argv, const size_t *argvlen)
 }
 
 /*
+ * Queue one call's command: its inline arguments, then those past
+ * RL_MAX_ARGS (a multi-key script) in the same command.
+ */
+static void
+append_call(RunConn *rc, RLCall *call)
+{
+	const char **argv;
+	size_t	   *argvlen;
+	int			n = call->argc - RL_MAX_ARGS;
+
+	if (n <= 0 || call->more_argv == NULL)
+	{
+		append_argv(rc, call->argc, call->argv, call->argvlen);
+		return;
+	}
+	argv = palloc(sizeof(char *) * call->argc);
+	argvlen = palloc(sizeof(size_t) * call->argc);
+	memcpy(argv, call->argv, sizeof(char *) * RL_MAX_ARGS);
+	memcpy(argvlen, call->argvlen, sizeof(size_t) * RL_MAX_ARGS);
+	memcpy(argv + RL_MAX_ARGS, call->more_argv, sizeof(char *) * n);
+	memcpy(argvlen + RL_MAX_ARGS, call->more_argvlen, sizeof(size_t) * n);
+	append_argv(rc, call->argc, argv, argvlen);
+	pfree(argv);
+	pfree(argvlen);
+}
+
+/*
  * When the connect to the address being tried gives up: each address left
  * gets an equal share of what remains of connect_timeout (libpq and
  * redis-py move on to the next address after a timeout too).
@@ -863,7 +890,7 @@ queue_run(RunConn *rc, TimestampTz now)
 
 			append_argv(rc, 1, asking, askinglen);
 		}
-		append_argv(rc, call->argc, call->argv, call->argvlen);
+		append_call(rc, call);
 	}
 	if (!rc->failed)
 		conn->busy = true;
@@ -1327,20 +1354,50 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 		call->argv[i] = argv[i];
 		call->argvlen[i] = argvlen ? argvlen[i] : strlen(argv[i]);
 	}
+	call->more_argv = NULL;
+	call->more_argvlen = NULL;
+	call->more_cap = 0;
 	call->reply = NULL;
 	call->failure = RL_FAIL_NONE;
 	call->error = NULL;
 	call->sqlstate = 0;
 }
 
-/* Append one borrowed argument to call; raises past RL_MAX_ARGS */
+/*
+ * Append one borrowed argument to call.  Past RL_MAX_ARGS (a multi-key
+ * script) they go to arrays palloc'd in the current memory context, which
+ * must live as long as the call.
+ */
 void
 rl_call_arg(RLCall *call, const char *arg, size_t len)
 {
-	if (call->argc >= RL_MAX_ARGS)
-		elog(ERROR, "too many arguments for one command");
-	call->argv[call->argc] = arg;
-	call->argvlen[call->argc] = len;
+	int			k = call->argc - RL_MAX_ARGS;
+
+	if (k < 0)
+	{
+		call->argv[call->argc] = arg;
+		call->argvlen[call->argc] = len;
+		call->argc++;
+		return;
+	}
+	if (k >= call->more_cap)
+	{
+		int			cap = Max(16, call->more_cap * 2);
+
+		if (call->more_argv == NULL)
+		{
+			call->more_argv = palloc(sizeof(char *) * cap);
+			call->more_argvlen = palloc(sizeof(size_t) * cap);
+		}
+		else
+		{
+			call->more_argv = repalloc(call->more_argv, sizeof(char *) * cap);
+			call->more_argvlen = repalloc(call->more_argvlen, sizeof(size_t) * cap);
+		}
+		call->more_cap = cap;
+	}
+	call->more_argv[k] = arg;
+	call->more_argvlen[k] = len;
 	call->argc++;
 }
 
@@ -1553,6 +1610,218 @@ rl_wait_for_message(RLConn **subs, int n, const char *channel, const char *key,
 		for (i = 0; i < sw.nready; i++)
 		{
 			RLConn	   *c = subs[sw.ready[i]];
+			bool		progress;
+			RLStreamFailure failure;
+			char	   *reason;
+
+			if (c->stream == NULL)
+				continue;
+			if ((has_unsent(c) &&
+				 rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED) ||
+				(((sw.ready_ev[i] & WL_SOCKET_READABLE) || rl_stream_is_tls(c->stream)) &&
+				 rl_stream_read(c->stream, &failure, &reason) == RL_STREAM_FAILED))
+			{
+				rl_conn_close(c);
+				return true;
+			}
+		}
+	}
+}
+
+/* ----------------------------------------------------------------
+ * Pub/sub for several locks at once (lockmany.c): entry i is channel i,
+ * and (keys[i] not NULL) the keyspace notifications of key i, on
+ * subscriber connection subs[i]; one connection may carry many entries.
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Subscribe every entry, all in one round trip (a command per channel,
+ * pipelined per connection); failures as in rl_subscribe.
+ */
+void
+rl_subscribe_each(RLConn **subs, int n, const char *cmd, const char **channels,
+				  const char **keys, int timeout_ms)
+{
+	RLCall	   *calls = palloc0(sizeof(RLCall) * Max(n * 2, 1));
+	int		   *owner = palloc(sizeof(int) * Max(n * 2, 1));
+	int			k = 0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		const char *argv[2] = {cmd, channels[i]};
+
+		owner[k] = i;
+		rl_call_set(&calls[k++], subs[i], 2, argv, NULL);
+		if (keys[i] != NULL)
+		{
+			const char *kargv[2] = {"SUBSCRIBE", keyspace_channel(subs[i], keys[i])};
+
+			owner[k] = i;
+			rl_call_set(&calls[k++], subs[i], 2, kargv, NULL);
+		}
+	}
+	rl_run(calls, k, RL_RUN_SOFT, timeout_ms);
+	for (i = 0; i < k; i++)
+		if (calls[i].reply != NULL && calls[i].reply->type == REDIS_REPLY_ERROR)
+			rl_conn_close(subs[owner[i]]);
+	pfree(calls);
+	pfree(owner);
+}
+
+/* Unsubscribe every entry without waiting, as rl_unsubscribe_async */
+void
+rl_unsubscribe_each_async(RLConn **subs, int n, const char *cmd,
+						  const char **channels, const char **keys)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *c = subs[i];
+		const char *argv[2] = {cmd, channels[i]};
+		size_t		argvlen[2] = {strlen(cmd), strlen(channels[i])};
+
+		if (c->stream == NULL)
+			continue;
+		rl_stream_append(c->stream, 2, argv, argvlen);
+		if (keys[i] != NULL)
+		{
+			const char *kargv[2] = {"UNSUBSCRIBE", keyspace_channel(c, keys[i])};
+			size_t		kargvlen[2] = {11, strlen(kargv[1])};
+
+			rl_stream_append(c->stream, 2, kargv, kargvlen);
+		}
+	}
+	/* one write per connection carries all of its unsubscribes */
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *c = subs[i];
+		bool		progress;
+		RLStreamFailure failure;
+		char	   *reason;
+
+		if (c->stream == NULL || !has_unsent(c))
+			continue;
+		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
+			rl_conn_close(c);
+	}
+}
+
+/* Does push r on conn wake any entry: its channel, or its key gone? */
+static bool
+wakes_any(RLReply *r, RLConn *conn, RLConn **subs, int n,
+		  const char **channels, char **kchannels)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		if (subs[i] != conn)
+			continue;
+		if (is_message_for(r, channels[i]) || is_key_gone(r, kchannels[i]))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Wait up to timeout_ms for a message on any entry's channel, or a keyspace
+ * notification that any entry's key is gone.  Returns true when woken, or
+ * when a subscriber connection broke (the caller retries at once and
+ * subscribes again); false on timeout.  Cancel and terminate end it at
+ * once, as rl_wait_for_message.
+ */
+bool
+rl_wait_for_any_message(RLConn **subs, int n, const char **channels,
+						const char **keys, long timeout_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   timeout_ms);
+	char	  **kchannels = palloc0(sizeof(char *) * Max(n, 1));
+	RLConn	  **conns = palloc(sizeof(RLConn *) * Max(n, 1));
+	int			nconns = 0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		int			j;
+
+		if (keys[i] != NULL)
+			kchannels[i] = keyspace_channel(subs[i], keys[i]);
+		for (j = 0; j < nconns && conns[j] != subs[i]; j++)
+			;
+		if (j == nconns)
+			conns[nconns++] = subs[i];
+	}
+
+	for (;;)
+	{
+		SockWait	sw;
+		bool		woken = false;
+		TimestampTz now;
+		long		wait_ms;
+
+		/* anything already buffered? */
+		for (i = 0; i < nconns; i++)
+		{
+			RLConn	   *c = conns[i];
+			RLReply    *r;
+			char	   *err;
+
+			if (c->stream == NULL)
+				continue;
+			for (;;)
+			{
+				if (!next_reply(c, &r, &err))
+				{
+					rl_conn_close(c);
+					return true;
+				}
+				if (r == NULL)
+					break;
+				if (wakes_any(r, c, subs, n, channels, kchannels))
+					woken = true;
+			}
+		}
+		if (woken)
+			return true;
+
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			return false;
+		sw.nsock = 0;
+		for (i = 0; i < nconns; i++)
+		{
+			if (conns[i]->stream == NULL)
+				continue;
+			sock_add(&sw, rl_stream_socket(conns[i]->stream),
+					 rl_stream_events(conns[i]->stream), i);
+		}
+		wait_ms = (long) ((deadline - now + 999) / 1000);
+		if (sw.nsock == 0)
+		{
+			/* no subscription: plain latch sleep, the caller polls */
+			int			rc;
+
+			CHECK_FOR_INTERRUPTS();
+			rc = WaitLatch(MyLatch,
+						   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						   wait_ms, rl_wait_event(RL_WAIT_RELEASE));
+
+			if (rc & WL_LATCH_SET)
+			{
+				ResetLatch(MyLatch);
+				CHECK_FOR_INTERRUPTS();
+			}
+			continue;
+		}
+		if (wait_sockets(&sw, wait_ms, RL_WAIT_RELEASE) < 0)
+			return true;
+		for (i = 0; i < sw.nready; i++)
+		{
+			RLConn	   *c = conns[sw.ready[i]];
 			bool		progress;
 			RLStreamFailure failure;
 			char	   *reason;

@@ -81,6 +81,10 @@ typedef struct RLCall
 	int			argc;
 	const char *argv[RL_MAX_ARGS];
 	size_t		argvlen[RL_MAX_ARGS];
+	/* arguments past RL_MAX_ARGS (a multi-key script), palloc'd; or NULL */
+	const char **more_argv;
+	size_t	   *more_argvlen;
+	int			more_cap;
 	RLReply    *reply;
 	RLFailure	failure;		/* why there is no reply; RL_FAIL_NONE: there is */
 	char	   *error;			/* the failure's reason; NULL iff no failure */
@@ -118,6 +122,14 @@ extern void rl_unsubscribe_async(RLConn **subs, int n, const char *cmd,
 								 const char *channel, const char *key);
 extern bool rl_wait_for_message(RLConn **subs, int n, const char *channel,
 								const char *key, long timeout_ms);
+extern void rl_subscribe_each(RLConn **subs, int n, const char *cmd,
+							  const char **channels, const char **keys,
+							  int timeout_ms);
+extern void rl_unsubscribe_each_async(RLConn **subs, int n, const char *cmd,
+									  const char **channels, const char **keys);
+extern bool rl_wait_for_any_message(RLConn **subs, int n,
+									const char **channels, const char **keys,
+									long timeout_ms);
 
 extern bool rl_reply_is_error(RLReply *r, const char *prefix);
 

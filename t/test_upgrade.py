@@ -1,6 +1,6 @@
 """The upgrade path: an installation of every earlier version, brought up
 to date with ALTER EXTENSION UPDATE, has exactly the objects of a fresh
-install of the newest version (redis_lock--1.2.sql), down to function
+install of the newest version (redis_lock--1.3.sql), down to function
 bodies, defaults, privileges, comments and the table's constraints."""
 import pytest
 
@@ -72,19 +72,19 @@ def describe(pg, db):
 def fresh(pg):
     admin = pg.connect()
     with admin.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS fresh12")
-        cur.execute("CREATE DATABASE fresh12")
+        cur.execute("DROP DATABASE IF EXISTS fresh13")
+        cur.execute("CREATE DATABASE fresh13")
     admin.close()
-    conn = pg.connect(dbname="fresh12")
+    conn = pg.connect(dbname="fresh13")
     with conn.cursor() as cur:
         cur.execute("CREATE EXTENSION redis_lock")
         cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'redis_lock'")
-        assert cur.fetchone()[0] == "1.2"
+        assert cur.fetchone()[0] == "1.3"
     conn.close()
-    return describe(pg, "fresh12")
+    return describe(pg, "fresh13")
 
 
-@pytest.mark.parametrize("start", ["1.0", "1.1"])
+@pytest.mark.parametrize("start", ["1.0", "1.1", "1.2"])
 def test_an_upgraded_install_matches_a_fresh_one(pg, fresh, start):
     db = "from" + start.replace(".", "")
     admin = pg.connect()
@@ -109,5 +109,7 @@ def test_an_upgraded_install_matches_a_fresh_one(pg, fresh, start):
         assert testbed.sql_one(conn, "SELECT mode FROM redis_lock_held()") == "read"
         assert testbed.sql_one(conn, "SELECT mode FROM redis_lock_locks") == "read"
         assert testbed.sql_one(conn, "SELECT redis_lock_release_read('up')") is True
+        assert len(testbed.sql_one(conn, "SELECT redis_lock_acquire_many(ARRAY['u1', 'u2'])")) == 2
+        assert testbed.sql_one(conn, "SELECT redis_lock_release_many(ARRAY['u1', 'u2'])") == 2
     finally:
         conn.close()

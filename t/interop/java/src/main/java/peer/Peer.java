@@ -26,6 +26,9 @@
  * rwforceunlock MODE KEY; rwheld MODE KEY.
  * Fair locks (RFairLock): fairlock KEY [LEASE_MS]; fairtrylock KEY WAIT_MS
  * LEASE_MS; fairunlock KEY.
+ * Several RLocks as one (RedissonMultiLock), KEYS = KEY[,KEY...]:
+ * multilock KEYS [LEASE_MS]; multitrylock KEYS WAIT_MS LEASE_MS;
+ * multiunlock KEYS.
  */
 package peer;
 
@@ -188,6 +191,20 @@ public final class Peer {
                 redisson.getFairLock(key).unlock();
                 return true;
             // README: end
+            // README: redisson-multilock
+            case "multilock":
+                if (f.length > 4)
+                    multiLock(key).lock(Long.parseLong(f[4]), TimeUnit.MILLISECONDS);
+                else
+                    multiLock(key).lock();
+                return true;
+            case "multitrylock":
+                return multiLock(key).tryLock(Long.parseLong(f[4]), Long.parseLong(f[5]),
+                                              TimeUnit.MILLISECONDS);
+            case "multiunlock":
+                multiLock(key).unlock();
+                return true;
+            // README: end
             case "rwforceunlock":
                 return rwLock(f[3], f[4]).forceUnlock();
             case "rwheld":
@@ -201,6 +218,15 @@ public final class Peer {
             default:
                 throw new IllegalArgumentException("unknown op " + op);
         }
+    }
+
+    /* one RedissonMultiLock of the RLocks named in keys (comma-separated) */
+    private RLock multiLock(String keys) {
+        String[] names = keys.split(",");
+        RLock[] locks = new RLock[names.length];
+        for (int i = 0; i < names.length; i++)
+            locks[i] = redisson.getLock(names[i]);
+        return redisson.getMultiLock(locks);
     }
 
     /* the read or the write half of the RReadWriteLock named key */
