@@ -257,7 +257,8 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 			continue;
 		}
 		if (op->names->script_free)
-			rl_learn_offers(conns, op->nodes, op->target, mode, why);
+			rl_learn_offers(conns, op->nodes, op->target, op->names->key,
+							op->names->keylen, mode, why);
 		for (j = 0; j < op->nodes; j++)
 		{
 			RLCall	   *unit = &calls[k];

@@ -1468,19 +1468,22 @@ rl_build_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 }
 
 /*
- * Before script-free units go to these nodes (of target): what each server
- * offers, asked where no connection to it has yet, all in one round trip
- * (on a new connection, in the same round trip as its handshake).  From
- * then on every new connection of this process asks in its handshake.
- * why[i] is NULL where units may go, else a call saying why not: the
- * question's own failure (a node that did not answer), or
- * RL_FAIL_UNSUPPORTED, which in hard mode is raised at once, before
- * anything is sent to any node.
+ * Before script-free units about key go to these nodes of target: what
+ * each server offers, asked where no connection to it has yet, all in one
+ * round trip (on a new connection, in the same round trip as its
+ * handshake).  From then on every new connection of this process asks in
+ * its handshake.  The question is routed like the units: a Sentinel master
+ * or Cluster node that does not answer is looked for again, and conns[i]
+ * becomes where it was answered.  why[i] is NULL where units may go, else
+ * a call saying why not: the question's own failure (a node that did not
+ * answer), or RL_FAIL_UNSUPPORTED, which in hard mode is raised at once,
+ * before anything is sent to any node.
  */
 void
-rl_learn_offers(RLConn **conns, int n, RLTarget *target, RLRunMode mode,
-				RLCall **why)
+rl_learn_offers(RLConn **conns, int n, RLTarget *target, const char *key,
+				size_t keylen, RLRunMode mode, RLCall **why)
 {
+	int		   *asked = NULL;
 	RLCall	   *calls = NULL;
 	int			nask = 0;
 	int			i;
@@ -1492,12 +1495,25 @@ rl_learn_offers(RLConn **conns, int n, RLTarget *target, RLRunMode mode,
 		if (rl_conn_commands(conns[i], NULL) == RL_COMMANDS_UNKNOWN)
 		{
 			if (calls == NULL)
+			{
 				calls = palloc0(sizeof(RLCall) * n);
-			rl_call_probe(&calls[nask++], conns[i]);
+				asked = palloc0(sizeof(int) * n);
+			}
+			rl_call_probe(&calls[nask], conns[i]);
+			calls[nask].target = target;
+			calls[nask].key = key;
+			calls[nask].keylen = keylen;
+			asked[nask++] = i;
 		}
 	}
 	if (nask > 0)
-		rl_run(calls, nask, RL_RUN_SOFT, rl_target_timeout(target));
+	{
+		int			j;
+
+		rl_target_run(calls, nask, RL_RUN_SOFT);
+		for (j = 0; j < nask; j++)
+			conns[asked[j]] = calls[j].conn;
+	}
 	for (i = 0; i < n; i++)
 	{
 		const char *refusal;
@@ -1512,7 +1528,7 @@ rl_learn_offers(RLConn **conns, int n, RLTarget *target, RLRunMode mode,
 		if (offers == RL_COMMANDS_UNKNOWN)
 		{
 			/* no answer: the question's failure */
-			for (j = 0; j < nask && calls[j].conn != conns[i]; j++)
+			for (j = 0; j < nask && asked[j] != i; j++)
 				;
 			if (j < nask && calls[j].error != NULL)
 				*c = calls[j];
@@ -1534,7 +1550,10 @@ rl_learn_offers(RLConn **conns, int n, RLTarget *target, RLRunMode mode,
 		why[i] = c;
 	}
 	if (calls != NULL)
+	{
 		pfree(calls);
+		pfree(asked);
+	}
 }
 
 /* ----------------------------------------------------------------

@@ -121,7 +121,8 @@ extern void rl_build_unit(RLCall *unit, RLConn *conn, RLOpKind kind,
 extern int	rl_build_force_delete(RLCall *unit, RLConn *conn,
 								  const RLLockNames *n, const char *token);
 extern void rl_learn_offers(RLConn **conns, int n, RLTarget *target,
-							RLRunMode mode, RLCall **why);
+							const char *key, size_t keylen, RLRunMode mode,
+							RLCall **why);
 extern RLCall *rl_unit_failure(RLOpKind kind, RLCall *unit, int n);
 extern bool rl_unit_may_have_run(RLCall *unit, int n);
 extern int64 rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n);

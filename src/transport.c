@@ -408,6 +408,13 @@ rl_conn_close(RLConn *conn)
 		wes_invalidate();
 	}
 	conn->busy = false;
+	/* the next connection may reach another server: it asks again */
+	conn->commands = RL_COMMANDS_UNKNOWN;
+	if (conn->commands_refusal != NULL)
+	{
+		pfree(conn->commands_refusal);
+		conn->commands_refusal = NULL;
+	}
 }
 
 /* Close every cached connection, command and subscriber (at backend exit) */
@@ -657,10 +664,18 @@ rl_call_probe(RLCall *call, RLConn *conn)
 /*
  * Which probed commands the server behind conn knows (bit i: names[i]), or
  * RL_COMMANDS_UNKNOWN, or RL_COMMANDS_REFUSED with *refusal set to why.
+ * What a connection learnt holds while it lives: one that the next round
+ * trip would not reuse (broken meanwhile -- the server restarted, maybe as
+ * another version --, left mid-reply, or made under old settings) is
+ * closed here, and knows nothing.
  */
 int
 rl_conn_commands(RLConn *conn, const char **refusal)
 {
+	if (conn->stream != NULL && !conn->subscriber &&
+		(conn->busy || conn->generation != rl_settings_generation ||
+		 rl_stream_has_unsent(conn->stream) || has_unasked_bytes(conn)))
+		rl_conn_close(conn);
 	if (refusal != NULL)
 		*refusal = conn->commands_refusal;
 	return conn->commands;
