@@ -24,6 +24,7 @@ against Redis84, a fake on test_hostile's FakeRedis that answers what Redis
 8.4 documents and records every command it is sent, word for word.
 """
 import os
+import random
 import subprocess
 import threading
 import time
@@ -212,6 +213,51 @@ def test_watchdog_keeps_a_lock_past_its_lease(vk):
     assert c.exists("wd") == 0
 
 
+def test_renewal_restarts_the_lease_whatever_is_left(vk, vpg):
+    """What the script-free renewal does not do: compare.  A foreign client
+    lengthening our key's TTL is undone by the next renewal (the script
+    would leave it); one cutting it short is noticed, as with scripts (the
+    renewal's PTTL), and the lock renewed sooner."""
+    c, session = vk
+    a = session()
+    a.run("SET redis_lock.lease_time = '600ms'")
+    assert a.run("SELECT redis_lock_acquire('rs') > 0")
+    c.pexpire("rs", 60000)
+    testbed.wait_until(lambda: c.pttl("rs") <= 600, 2, what="a renewal to restart the lease")
+    assert a.run("SELECT redis_lock_release('rs')") is True
+    a.run("SET redis_lock.lease_time = '6s'")
+    assert a.run("SELECT redis_lock_acquire('cut') > 0")
+    since = len(vpg.log_text())
+    t_end = time.monotonic() + 2.5
+    while time.monotonic() < t_end:
+        c.pexpire("cut", 1000)
+        time.sleep(0.3)
+    time.sleep(3.0)          # 1 s would have been its end
+    assert c.get("cut").startswith(MARKER) and c.pttl("cut") > 1000
+    assert a.run("SELECT count(*) FROM redis_lock_held() WHERE NOT lost") == 1
+    assert "cut to" in vpg.log_text()[since:], "the worker did not report the cut lease"
+    assert a.run("SELECT redis_lock_release('cut')") is True
+
+
+def test_extend_is_not_undone_by_a_renewal_under_way(vk):
+    """No compare in Redis keeps a renewal from undoing a longer extend:
+    the registry does (rl_extend gives it the new lease first and waits out
+    a renewal under way).  A watchdog lock with a 150 ms lease is renewed
+    every 50 ms; an extend to 60 s races those renewals; 100 ms later the
+    key must still have about 60 s."""
+    c, session = vk
+    s = session()
+    s.run("SET redis_lock.lease_time = '150ms'")
+    for i in range(int(os.environ.get("RL_EXTEND_RACE_TRIES", "100"))):
+        assert s.run("SELECT redis_lock_acquire('ext') > 0")
+        time.sleep(random.uniform(0, 0.05))
+        assert s.run("SELECT redis_lock_extend('ext', ttl => '60s')") is True
+        time.sleep(0.1)
+        pttl = c.pttl("ext")
+        assert pttl > 50000, "try %d: extend undone, PTTL %d ms" % (i, pttl)
+        assert s.run("SELECT redis_lock_release('ext')") is True
+
+
 def test_release_publish_wakes_a_waiter(vk):
     c, session = vk
     a, b, admin = session(), session(), session()
@@ -283,14 +329,16 @@ def test_fencing_tokens_increase_strictly_across_grants(vk):
 def test_wrong_type_is_refused_untouched(vk):
     c, session = vk
     a = session()
-    c.hset("typed", mapping={"f": "v"})
+    # a read-write lock's hash (Redisson's layout): not deleted either
+    c.hset("typed", mapping={"mode": "write", "other:write": "1"})
     c.pexpire("typed", 50000)
     with pytest.raises(psycopg2.errors.WrongObjectType) as ei:
         a.run("SELECT redis_lock_acquire('typed')")
     assert 'holds a hash, not a lock of protocol "simple"' in str(ei.value)
     with pytest.raises(psycopg2.errors.WrongObjectType):
         a.run("SELECT redis_lock_force_release('typed')")
-    assert c.hgetall("typed") == {b"f": b"v"} and 45000 < c.pttl("typed") <= 50000
+    assert c.hgetall("typed") == {b"mode": b"write", b"other:write": b"1"}
+    assert 45000 < c.pttl("typed") <= 50000
     assert a.run("SELECT redis_type FROM redis_lock_status('typed')") == "hash"
     assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
 
@@ -394,6 +442,12 @@ def test_round_trips_per_operation(valkey, vk):
         assert trips("SELECT redis_lock_release_all()") == (1, 1)
         c.set("rt3", "foreign", px=30000)
         assert trips("SELECT redis_lock_try_acquire('rt3')") == (1, False)
+        # COMMIT: one verify and one release round trip for all of them
+        s.run("BEGIN")
+        s.run("SELECT count(redis_lock_acquire('rt-x' || g, xact => true)) "
+              "FROM generate_series(1, 5) g")
+        assert trips("COMMIT") == (2, None)
+        assert c.keys("rt-x*") == []
     finally:
         s.close()
         pg.cleanup()
@@ -511,13 +565,14 @@ def test_sentinel_discovery_wait_replicas_and_failover():
         a.run("SET redis_lock.wait_replicas = 0")
         master.kill()
         killed = time.monotonic()
-        got = None
+        got = last = None
         while got is None and time.monotonic() - killed < 30 * S:
             try:
                 got = a.run("SELECT redis_lock_acquire('after', ttl => '60s')")
-            except psycopg2.Error:
+            except psycopg2.Error as e:
+                last = e
                 time.sleep(0.2)
-        assert got is not None, "no acquire succeeded after the failover"
+        assert got is not None, "no acquire succeeded after the failover: %s" % last
         assert replica.client().execute_command("ROLE")[0] == b"master"
         assert a.run("SELECT redis_lock_release('replicated')") is True
         assert a.run("SELECT redis_lock_release('after')") is True
@@ -647,6 +702,31 @@ def refused_everywhere(r):
         pg.cleanup()
 
 
+def test_a_server_replaced_by_an_older_one_is_asked_again():
+    """What a connection learnt goes with it: Valkey 9.1 stops, Redis 7.0
+    starts on its port, and the next acquire is refused before anything is
+    sent, instead of taking a lock it could not release."""
+    v = testbed.Redis(server=server("valkey-9.1")).start()
+    pg = no_lua_pg(**{"redis_lock.url": v.url, "redis_lock.password": ""})
+    a = Session(pg)
+    old = None
+    try:
+        assert a.run("SELECT redis_lock_acquire('swap', ttl => '30s') > 0")
+        assert a.run("SELECT redis_lock_release('swap')") is True
+        v.stop()
+        old = testbed.Redis(port=v.port, server="/usr/bin/redis-server").start()
+        with pytest.raises(psycopg2.errors.FeatureNotSupported):
+            a.run("SELECT redis_lock_acquire('swap', ttl => '30s')")
+        assert old.client().keys("*") == []
+        assert "cmdstat_multi" not in old.client().info("commandstats")
+    finally:
+        a.close()
+        pg.cleanup()
+        v.stop()
+        if old is not None:
+            old.stop()
+
+
 def test_redis_7_0_is_refused():
     r = testbed.Redis(server="/usr/bin/redis-server").start()
     try:
@@ -695,6 +775,7 @@ class Redis84(FakeRedis):
         self.hashes = {}
         self.drop_next_txn = False
         self.silent = set()         # connections whose replies are lost
+        self.after_exec = None      # called (lock held) after the next EXEC
 
     def reset(self):
         super().reset()
@@ -705,6 +786,7 @@ class Redis84(FakeRedis):
             self.hashes.clear()
             self.drop_next_txn = False
             self.silent.clear()
+            self.after_exec = None
 
     def _handle(self, c, argv):
         drop = False
@@ -725,6 +807,9 @@ class Redis84(FakeRedis):
                     reply = b"-EXECABORT Transaction discarded because of previous errors.\r\n"
                 else:
                     reply = array(*[self._run(a) for a in q])
+                    if self.after_exec is not None:
+                        hook, self.after_exec = self.after_exec, None
+                        hook()
                 drop = c in self.silent
                 self.silent.discard(c)
             elif c in self.txn:
@@ -829,6 +914,10 @@ class Redis84(FakeRedis):
                 del self.strings[key]
                 return integer(1)
             return integer(0)
+        if name == b"DEL":
+            n = sum(1 for k in argv[1:] if self.strings.pop(k, None) is not None or
+                    self.hashes.pop(k, None) is not None)
+            return integer(n)
         if name in (b"PUBLISH", b"SPUBLISH"):
             return integer(0)
         return self._normal(self._kind(argv), argv)
@@ -916,6 +1005,21 @@ def test_redis84_delex_path_word_for_word(f84):
     assert fake.sent(n) == [["MULTI"], ["TYPE", "k"], ["GET", "k"], ["EXEC"],
                             ["DELEX", "k", "IFEQ", "other"],
                             ["PUBLISH", "redis_lock:release:{k}", "0"]]
+    assert b"k" not in fake.strings
+
+
+def test_redis84_force_release_leaves_a_lock_that_changed_hands(f84):
+    """Force release reads the token, then deletes the key if it still
+    holds it: a lock taken over between the two round trips stays."""
+    fake, s = f84
+    fake.strings[b"k"] = [b"first", None]
+
+    def hand_over():
+        fake.strings[b"k"] = [b"second", None]
+    fake.after_exec = hand_over
+    assert s.run("SELECT redis_lock_force_release('k')") is False
+    assert fake.strings[b"k"][0] == b"second"
+    assert s.run("SELECT redis_lock_force_release('k')") is True
     assert b"k" not in fake.strings
 
 
