@@ -112,3 +112,19 @@ SELECT redis_lock_acquire('discarded') > 0 AS got, redis_lock_acquire_read('disc
 DISCARD ALL;
 \! echo "after DISCARD ALL: $(redis-cli -p $RL_REDIS_PORT exists discarded discarded-rw)"
 SELECT count(*) FROM redis_lock_held();
+
+-- without Lua scripts (redis_lock.scripting off) only the simple layout
+-- works: the Redisson layouts and read-write locks are refused (0A000)
+-- before anything is made or sent (t/test_scripting.py runs the rest)
+SET redis_lock.scripting = off;
+SET redis_lock.protocol = 'redisson';
+SELECT try($$SELECT redis_lock_acquire('no-lua')$$);
+SELECT try($$SELECT redis_lock_force_release('no-lua')$$);
+SET redis_lock.protocol = 'redisson_fair';
+SELECT try($$SELECT redis_lock_try_acquire('no-lua')$$);
+RESET redis_lock.protocol;
+SELECT try($$SELECT redis_lock_acquire_read('no-lua')$$);
+SELECT try($$SELECT redis_lock_acquire_write('no-lua')$$);
+RESET redis_lock.scripting;
+SELECT count(*) FROM redis_lock_held();
+\! redis-cli -p $RL_REDIS_PORT exists no-lua

@@ -23,6 +23,10 @@ SELECT try($$SELECT redis_lock_release_many((SELECT array_agg('n' || g) FROM gen
 SET redis_lock.protocol = 'redisson_fair';
 SELECT try($$SELECT redis_lock_acquire_many(ARRAY['a', 'b'])$$);
 RESET redis_lock.protocol;
+-- all or nothing needs a script: refused with redis_lock.scripting off
+SET redis_lock.scripting = off;
+SELECT try($$SELECT redis_lock_acquire_many(ARRAY['a', 'b'])$$);
+RESET redis_lock.scripting;
 \! echo "keys after the errors: $(redis-cli -p $RL_REDIS_PORT --scan --pattern '[abn]*' | wc -l)"
 
 -- the shapes: bigint[] in the order given, integer

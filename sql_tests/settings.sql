@@ -30,6 +30,7 @@ SET redis_lock.password = 'top-secret';
 SET ROLE regress_rl_user;
 SELECT try($$SET redis_lock.url = 'redis://evil:6379/0'$$);
 SELECT try($$SET redis_lock.key_prefix = 'other-tenant:'$$);
+SELECT try($$SET redis_lock.scripting = off$$);
 SELECT try($$SET redis_lock.password = 'x'$$);
 SELECT try($$SHOW redis_lock.password$$);
 SELECT count(*) AS password_rows FROM pg_settings WHERE name = 'redis_lock.password';

@@ -760,11 +760,11 @@ redis_lock_status(PG_FUNCTION_ARGS)
 		rl_raise_undecided(RL_ACTION_INSPECT, name, &op);
 	for (i = 0; i < op.nodes; i++)
 	{
-		RLReply    *r = op.calls[i].reply;
+		RLReply    *r = rl_op_inspect_reply(&op, i);
 		const char *t;
 		bool		this_mine = false;
 
-		if (!rl_inspect_reply_valid(r))
+		if (r == NULL)
 			continue;
 		t = r->element[0]->str;
 		if (strcmp(t, "none") == 0)

@@ -521,6 +521,13 @@ refuse_unsupported(const char *const *names, int n)
 						rl_protocol_name((RLProtocol) rl_protocol)),
 				 errdetail("redis_lock_acquire_many takes locks of protocol simple or redisson."),
 				 errhint("Take the locks one at a time with redis_lock_acquire, in one order in every session.")));
+	/* all or nothing needs a script: MULTI cannot make a SET depend on others */
+	if (!rl_scripting)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("several Redis locks at once need Lua scripting"),
+				 errdetail("redis_lock.scripting is off, and only a script can grant every lock or none."),
+				 errhint("Take the locks one at a time with redis_lock_acquire, in one order in every session.")));
 	for (i = 0; i < n; i++)
 		rl_many_check_layout(names[i]);
 }

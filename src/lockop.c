@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * lockop.c
- *	  Owns lock operations over a target's nodes: one script call per node
- *	  the target puts the key on (one, or every Redlock master), all sent in
- *	  one round trip, and the answers counted into one decision by majority
+ *	  Owns lock operations over a target's nodes: one unit of calls per
+ *	  node the target puts the key on (one, or every Redlock master) -- a
+ *	  script, or the commands of its script-free form -- all sent in one
+ *	  round trip, and the answers counted into one decision by majority
  *	  (yes >= quorum, or no > nodes - quorum).  Also what a failed call
  *	  means: not run, or an outcome nobody knows.
  *
@@ -27,51 +28,93 @@
  * Operations over a target's nodes
  * ----------------------------------------------------------------
  */
-static void
-build_call(RLLockOp *op, RLCall *call, RLConn *conn)
+
+/*
+ * A node whose first answer asks for a second round trip (script-free forms
+ * only): an acquire that found our own token, whose lease is then restarted
+ * (RL_OP_EXTEND); a force release that saw a token, deleted if the key
+ * still holds it (rl_build_force_delete).
+ */
+typedef struct FollowUp
 {
-	switch (op->kind)
-	{
-		case RL_OP_ACQUIRE:
-			rl_call_acquire(call, conn, op->names, op->lease_ms, op->fence,
-							op->queue_wait_ms);
-			break;
-		case RL_OP_DEQUEUE:
-			rl_call_dequeue(call, conn, op->names, op->queue_wait_ms);
-			break;
-		case RL_OP_EXTEND:
-		case RL_OP_RENEW:
-			rl_call_extend(call, conn, op->names, op->lease_ms,
-						   op->kind == RL_OP_RENEW);
-			break;
-		case RL_OP_RELEASE:
-			rl_call_release(call, conn, op->names);
-			break;
-		case RL_OP_FORCE:
-			rl_call_force(call, conn, op->names);
-			break;
-		case RL_OP_INSPECT:
-			rl_call_inspect(call, conn, op->names);
-			break;
-	}
-	call->target = op->target;
-	call->key = op->names->key;
-	call->keylen = op->names->keylen;
-}
+	RLLockOp   *op;
+	RLConn	   *conn;
+	char	   *token;			/* force: the token seen */
+	int64		fence;			/* acquire: the fencing token counted */
+	RLCall	   *unit;			/* its calls in the second round */
+	int			ncalls;
+} FollowUp;
+
+typedef struct FollowUps
+{
+	FollowUp   *items;
+	int			n;
+	int			cap;
+} FollowUps;
 
 static void
-count_answer(RLLockOp *op, RLCall *call)
+add_follow_up(FollowUps *f, RLLockOp *op, RLConn *conn, char *token, int64 fence)
+{
+	if (f->n == f->cap)
+	{
+		f->cap = Max(8, f->cap * 2);
+		f->items = f->items == NULL ? palloc(sizeof(FollowUp) * f->cap) :
+			repalloc(f->items, sizeof(FollowUp) * f->cap);
+	}
+	f->items[f->n].op = op;
+	f->items[f->n].conn = conn;
+	f->items[f->n].token = token;
+	f->items[f->n].fence = fence;
+	f->n++;
+}
+
+/* The calls of a unit are about the op's key, on its target */
+static void
+mark_unit(RLLockOp *op, RLCall *unit, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		unit[i].target = op->target;
+		unit[i].key = op->names->key;
+		unit[i].keylen = op->names->keylen;
+	}
+}
+
+/* No usable answer from this node: unit[0 .. n) */
+static void
+count_failure(RLLockOp *op, RLCall *unit, int n)
+{
+	RLCall	   *blame = rl_unit_failure(op->kind, unit, n);
+
+	op->failed++;
+	if (op->failure == NULL)
+		op->failure = blame;
+	if (rl_unit_may_have_run(unit, n))
+		op->maybe_ran = true;
+}
+
+/*
+ * Count one node's answer, unit[0 .. n); a node that needs a second round
+ * trip goes to follow instead.
+ */
+static void
+count_answer(RLLockOp *op, RLCall *unit, int n, FollowUps *follow)
 {
 	if (op->kind == RL_OP_ACQUIRE)
 	{
 		RLAcquireResult r;
 
-		rl_parse_acquire(call, &r);
+		rl_parse_acquire(unit, n, &r);
 		switch (r.outcome)
 		{
 			case RL_ACQ_GRANTED:
 				op->yes++;
 				op->fence_value = r.fence;
+				return;
+			case RL_ACQ_OURS:
+				add_follow_up(follow, op, unit->conn, NULL, r.fence);
 				return;
 			case RL_ACQ_BUSY:
 				op->no++;
@@ -89,7 +132,7 @@ count_answer(RLLockOp *op, RLCall *call)
 	}
 	else if (op->kind == RL_OP_INSPECT)
 	{
-		if (rl_inspect_reply_valid(call->reply))
+		if (rl_inspect_reply(unit, n) != NULL)
 		{
 			op->yes++;
 			return;
@@ -97,9 +140,9 @@ count_answer(RLLockOp *op, RLCall *call)
 	}
 	else
 	{
-		char	   *type;
+		char	   *text;
 
-		switch (rl_parse_flag(call, &type))
+		switch (rl_parse_flag(op->kind, unit, n, &text))
 		{
 			case RL_FLAG_YES:
 				op->yes++;
@@ -109,19 +152,16 @@ count_answer(RLLockOp *op, RLCall *call)
 				return;
 			case RL_FLAG_WRONGTYPE:
 				op->no++;
-				op->wrongtype = type;
+				op->wrongtype = text;
+				return;
+			case RL_FLAG_SEEN:
+				add_follow_up(follow, op, unit->conn, text, 0);
 				return;
 			case RL_FLAG_FAILED:
 				break;
 		}
 	}
-	/* no usable answer from this node */
-	op->failed++;
-	if (op->failure == NULL)
-		op->failure = call;
-	/* an error reply or a lost reply: the script may have run */
-	if (call->sent || call->reply != NULL)
-		op->maybe_ran = true;
+	count_failure(op, unit, n);
 }
 
 /* An op whose nodes are unknown (topology not learnt): all of it failed */
@@ -137,7 +177,7 @@ fail_unrouted(RLLockOp *op, char *error)
 	op->calls = c;
 	op->nodes = op->failed = 1;
 	op->failure = c;
-	op->stride = 1;
+	op->unit_calls = op->stride = 1;
 	/* an earlier round of this op may have reached Redis: assume it did */
 	op->maybe_ran = true;
 }
@@ -169,12 +209,15 @@ reset_op(RLLockOp *op, RLCall *calls)
 }
 
 /*
- * Build the calls of every op into calls[], one (or two, with WAIT) per
- * node; returns how many.  An op whose nodes could not be learnt is failed
- * and marked in unrouted[]; its topology is not asked again this round.
+ * Build the calls of every op into calls[], stride per node (its unit, and
+ * a WAIT after an acquire); returns how many.  An op whose nodes could not
+ * be learnt is failed and marked in unrouted[]; its topology is not asked
+ * again this round.  A script-free unit for a node that does not offer its
+ * commands, or did not say, is held back (held[]) with that failure.
  */
 static int
-build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrouted)
+build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrouted,
+			bool *held)
 {
 	RLTarget  **lost_targets = palloc(sizeof(RLTarget *) * nops);
 	char	  **lost_errors = palloc(sizeof(char *) * nops);
@@ -186,6 +229,7 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 	{
 		RLLockOp   *op = &ops[i];
 		RLConn	   *conns[RL_MAX_NODES];
+		RLCall	   *why[RL_MAX_NODES];
 		char	   *error = NULL;
 		int			j;
 
@@ -212,11 +256,31 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 			unrouted[i] = true;
 			continue;
 		}
+		if (op->names->script_free)
+			rl_learn_offers(conns, op->nodes, op->target, op->names->key,
+							op->names->keylen, mode, why);
 		for (j = 0; j < op->nodes; j++)
 		{
-			build_call(op, &calls[k++], conns[j]);
-			if (op->stride == 2)
-				add_wait_call(&calls[k++], conns[j], op->target);
+			RLCall	   *unit = &calls[k];
+			int			c;
+
+			rl_build_unit(unit, conns[j], op->kind, op->names, op->lease_ms,
+						  op->fence, op->queue_wait_ms);
+			mark_unit(op, unit, op->unit_calls);
+			if (op->stride > op->unit_calls)
+				add_wait_call(&unit[op->unit_calls], conns[j], op->target);
+			if (op->names->script_free && why[j] != NULL)
+			{
+				/* not sent: it answers with why it could not be */
+				for (c = 0; c < op->stride; c++)
+				{
+					rl_call_fail(&unit[c], why[j]->failure, why[j]->sqlstate,
+								 why[j]->error);
+					unit[c].target = NULL;
+					held[k + c] = true;
+				}
+			}
+			k += op->stride;
 		}
 	}
 	pfree(lost_targets);
@@ -224,9 +288,41 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 	return k;
 }
 
+/*
+ * Run the calls not held back (held[i]), in one round, as rl_script_run
+ * does (cluster redirections, NOSCRIPT).
+ */
+static void
+run_round(RLCall *calls, int ncalls, const bool *held)
+{
+	RLCall	   *send;
+	int			nsend = 0;
+	int			i;
+
+	for (i = 0; i < ncalls && !held[i]; i++)
+		;
+	if (i == ncalls)
+	{
+		rl_script_run(calls, ncalls, RL_RUN_SOFT);
+		return;
+	}
+	send = palloc(sizeof(RLCall) * ncalls);
+	for (i = 0; i < ncalls; i++)
+		if (!held[i])
+			send[nsend++] = calls[i];
+	if (nsend > 0)
+		rl_script_run(send, nsend, RL_RUN_SOFT);
+	nsend = 0;
+	for (i = 0; i < ncalls; i++)
+		if (!held[i])
+			calls[i] = send[nsend++];
+	pfree(send);
+}
+
 /* Count the answers of every routed op */
 static void
-count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start)
+count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start,
+			FollowUps *follow)
 {
 	int			i;
 
@@ -240,10 +336,12 @@ count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start)
 		op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
 		for (j = 0; j < op->nodes; j++)
 		{
-			count_answer(op, &op->calls[j * op->stride]);
-			if (op->stride == 2)
+			RLCall	   *unit = &op->calls[j * op->stride];
+
+			count_answer(op, unit, op->unit_calls, follow);
+			if (op->stride > op->unit_calls)
 			{
-				RLReply    *w = op->calls[j * 2 + 1].reply;
+				RLReply    *w = unit[op->unit_calls].reply;
 
 				if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
 					w->integer < rl_wait_replicas)
@@ -254,18 +352,83 @@ count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start)
 }
 
 /*
- * Run ops: one call per node of each op's target, all in one round (the
+ * The second round trip of the nodes that asked for one, all at once, and
+ * their answers counted into their ops.  An acquire whose refresh failed
+ * may hold the lock (our token is there): it counts as maybe run.
+ */
+static void
+follow_up_round(FollowUps *f, TimestampTz start)
+{
+	RLCall	   *calls = palloc0(sizeof(RLCall) * f->n * 2);
+	int			k = 0;
+	int			i;
+
+	for (i = 0; i < f->n; i++)
+	{
+		FollowUp   *fu = &f->items[i];
+		RLLockOp   *op = fu->op;
+
+		fu->unit = &calls[k];
+		if (op->kind == RL_OP_ACQUIRE)
+		{
+			fu->ncalls = rl_unit_calls(RL_OP_EXTEND, op->names, false);
+			rl_build_unit(fu->unit, fu->conn, RL_OP_EXTEND, op->names,
+						  op->lease_ms, false, 0);
+		}
+		else
+			fu->ncalls = rl_build_force_delete(fu->unit, fu->conn, op->names,
+											   fu->token);
+		mark_unit(op, fu->unit, fu->ncalls);
+		k += fu->ncalls;
+	}
+	rl_script_run(calls, k, RL_RUN_SOFT);
+	for (i = 0; i < f->n; i++)
+	{
+		FollowUp   *fu = &f->items[i];
+		RLLockOp   *op = fu->op;
+		char	   *text;
+
+		op->elapsed_ms = (GetCurrentTimestamp() - start) / 1000;
+		switch (rl_parse_flag(op->kind == RL_OP_ACQUIRE ? RL_OP_EXTEND : RL_OP_RELEASE,
+							  fu->unit, fu->ncalls, &text))
+		{
+			case RL_FLAG_YES:
+				op->yes++;
+				if (op->kind == RL_OP_ACQUIRE)
+					op->fence_value = fu->fence;
+				break;
+			case RL_FLAG_NO:
+			case RL_FLAG_WRONGTYPE:
+			case RL_FLAG_SEEN:
+				/* it changed hands meanwhile: busy (pttl unknown), or gone */
+				op->no++;
+				break;
+			case RL_FLAG_FAILED:
+				count_failure(op, fu->unit, fu->ncalls);
+				if (op->kind == RL_OP_ACQUIRE)
+					op->maybe_ran = true;
+				break;
+		}
+	}
+}
+
+/*
+ * Run ops: one unit per node of each op's target, all in one round (the
  * sockets are waited on together, so N masters cost the slowest one, not
- * the sum), then count answers per op.  In soft mode a Redis failure of any
- * kind (also while learning the topology) is counted in the op, never
- * raised; in hard mode a topology that cannot be learnt raises.  Interrupts
- * raise either way: hold them where that matters.
+ * the sum), then count answers per op; script-free ops that need it take a
+ * second round (FollowUp).  In soft mode a Redis failure of any kind (also
+ * while learning the topology) is counted in the op, never raised; in hard
+ * mode a topology that cannot be learnt, or a server without the commands
+ * of a script-free op, raises before anything is sent.  Interrupts raise
+ * either way: hold them where that matters.
  */
 void
 rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode)
 {
 	RLCall	   *calls;
 	bool	   *unrouted;
+	bool	   *held;
+	FollowUps	follow = {NULL, 0, 0};
 	int			total = 0;
 	int			ncalls;
 	int			i;
@@ -273,19 +436,27 @@ rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode)
 
 	for (i = 0; i < nops; i++)
 	{
+		RLLockOp   *op = &ops[i];
+
+		op->unit_calls = rl_unit_calls(op->kind, op->names, op->fence);
 		/* WAIT numreplicas rides in the same pipeline, after the acquire */
-		ops[i].stride = (ops[i].kind == RL_OP_ACQUIRE && rl_wait_replicas > 0) ? 2 : 1;
-		total += rl_target_max_nodes(ops[i].target) * ops[i].stride;
+		op->stride = op->unit_calls +
+			(op->kind == RL_OP_ACQUIRE && rl_wait_replicas > 0 ? 1 : 0);
+		total += rl_target_max_nodes(op->target) * op->stride;
 	}
 	calls = palloc0(sizeof(RLCall) * Max(total, 1));
+	held = palloc0(sizeof(bool) * Max(total, 1));
 	unrouted = palloc0(sizeof(bool) * nops);
 
 	start = GetCurrentTimestamp();
-	ncalls = build_round(ops, nops, mode, calls, unrouted);
+	ncalls = build_round(ops, nops, mode, calls, unrouted, held);
 	if (ncalls > 0)
-		rl_script_run(calls, ncalls, RL_RUN_SOFT);
-	count_round(ops, nops, unrouted, start);
+		run_round(calls, ncalls, held);
+	count_round(ops, nops, unrouted, start, &follow);
+	if (follow.n > 0)
+		follow_up_round(&follow, start);
 	pfree(unrouted);
+	pfree(held);
 }
 
 /*
@@ -316,12 +487,23 @@ rl_op_found_ttl(RLLockOp *op)
 
 	for (j = 0; j < op->nodes; j++)
 	{
-		int64		t = rl_extend_found_ttl(&op->calls[j * op->stride]);
+		int64		t = rl_extend_found_ttl(op->kind, &op->calls[j * op->stride],
+										op->unit_calls);
 
 		if (t >= 0 && (least < 0 || t < least))
 			least = t;
 	}
 	return least;
+}
+
+/*
+ * Node's answer to an inspect op in the inspect script's form, {type, pttl[,
+ * value or owners]}, or NULL when it gave none.
+ */
+RLReply *
+rl_op_inspect_reply(RLLockOp *op, int node)
+{
+	return rl_inspect_reply(&op->calls[node * op->stride], op->unit_calls);
 }
 
 /* ----------------------------------------------------------------
@@ -358,6 +540,7 @@ count_many_answer(RLManyOp *op, RLCall *call)
 				op->pttl = r.pttl;
 			op->holder_publishes |= r.holder_publishes;
 			return;
+		case RL_ACQ_OURS:		/* only the script-free form answers so */
 		case RL_ACQ_FAILED:
 			break;
 	}

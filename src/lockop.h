@@ -16,21 +16,10 @@
 #include "protocol.h"
 
 /*
- * One lock operation on every node its target puts the key on, with the
- * per-node answers counted.  Decisions go by majority (one node: its
- * answer): yes >= quorum, or no > nodes - quorum.
+ * One lock operation (RLOpKind, protocol.h) on every node its target puts
+ * the key on, with the per-node answers counted.  Decisions go by majority
+ * (one node: its answer): yes >= quorum, or no > nodes - quorum.
  */
-typedef enum RLOpKind
-{
-	RL_OP_ACQUIRE,
-	RL_OP_EXTEND,				/* also verify */
-	RL_OP_RENEW,				/* the watchdog's: never shortens a lease */
-	RL_OP_RELEASE,
-	RL_OP_FORCE,
-	RL_OP_INSPECT,
-	RL_OP_DEQUEUE				/* leave a fair lock's queue */
-} RLOpKind;
-
 typedef struct RLLockOp
 {
 	/* in */
@@ -49,13 +38,15 @@ typedef struct RLLockOp
 	int			failed;
 	bool		maybe_ran;		/* a failed call may have reached Redis */
 	RLCall	   *failure;		/* first failed call */
-	RLCall	   *calls;			/* one per node */
+	RLCall	   *calls;			/* stride per node, its unit first */
 	char	   *wrongtype;		/* some node holds a foreign type */
 	int64		fence_value;
 	int64		pttl;			/* acquire, busy: smallest holder TTL seen */
 	bool		holder_publishes;
 	int64		elapsed_ms;
-	int			stride;			/* calls per node: 2 when WAIT follows */
+	int			unit_calls;		/* calls of one node's unit (protocol.h) */
+	int			stride;			/* calls per node: the unit, and WAIT after
+								 * it when redis_lock.wait_replicas > 0 */
 	int			replicas_short; /* nodes where WAIT saw too few replicas */
 } RLLockOp;
 
@@ -106,5 +97,6 @@ extern void rl_many_op_run(RLManyOp *op, RLRunMode mode);
 extern bool rl_many_op_granted(RLManyOp *op);
 extern bool rl_op_granted(RLLockOp *op);
 extern int64 rl_op_found_ttl(RLLockOp *op);
+extern RLReply *rl_op_inspect_reply(RLLockOp *op, int node);
 
 #endif							/* RL_LOCKOP_H */

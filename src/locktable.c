@@ -1205,6 +1205,7 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 					   CurrentMemoryContext);
 		if (e->target != rl_current_target() ||
 			e->names.protocol != probe.protocol ||
+			e->names.script_free != probe.script_free ||
 			strcmp(e->names.key, probe.key) != 0)
 		{
 			entry_remove(e);

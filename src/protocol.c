@@ -882,18 +882,36 @@ rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 
 	names_around_key(names, protocol, prefix, pstrdup(key));
+	/* the caller says which form the lock was taken with */
+	names->script_free = false;
 	MemoryContextSwitchTo(old);
 }
 
-/* Names for lock_name under the current protocol and key prefix */
+/*
+ * Names for lock_name under the current protocol, key prefix and scripting
+ * setting.  With redis_lock.scripting off only the simple layout has a form
+ * without Lua scripts: any other is refused (0A000) before anything is
+ * made or sent.
+ */
 void
 rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 			   const char *lock_name, MemoryContext cxt)
 {
-	MemoryContext old = MemoryContextSwitchTo(cxt);
+	MemoryContext old;
+
+	if (!rl_scripting && protocol != RL_PROTOCOL_SIMPLE)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("Redis lock layout \"%s\" needs Lua scripts",
+						rl_protocol_name(protocol)),
+				 errdetail("Lock \"%s\" would use it, and redis_lock.scripting is off.",
+						   lock_name),
+				 errhint("Only redis_lock.protocol = 'simple' works without scripts.")));
+	old = MemoryContextSwitchTo(cxt);
 
 	names_around_key(names, protocol, prefix,
 					 concat4(prefix ? prefix : "", lock_name, "", ""));
+	names->script_free = !rl_scripting;
 	MemoryContextSwitchTo(old);
 }
 
@@ -1026,6 +1044,8 @@ script_of(RLCall *call)
 {
 	int			i;
 
+	if (call->argc < 2 || pg_strcasecmp(call->argv[0], "EVALSHA") != 0)
+		return NULL;
 	for (i = 0; i < RL_SCRIPT_COUNT; i++)
 		if (call->argvlen[1] == 40 && memcmp(call->argv[1], scripts[i].sha, 40) == 0)
 			return &scripts[i];
@@ -1098,16 +1118,17 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
 		RLCall	   *again;
 		int			k = 0;
 
-		/* a WAIT that followed a script that did not run must run again */
+		/* what follows a script that did not run (a WAIT) runs again */
 		for (i = 0; i < nretry; i++)
-			if (idx[i] + 1 < ncalls && calls[idx[i] + 1].follows)
-				nagain++;
+			nagain += rl_group_len(calls, ncalls, idx[i]) - 1;
 		again = palloc0(sizeof(RLCall) * nagain);
 		for (i = 0; i < nretry; i++)
 		{
-			again[k++] = calls[idx[i]];
-			if (idx[i] + 1 < ncalls && calls[idx[i] + 1].follows)
-				again[k++] = calls[idx[i] + 1];
+			int			len = rl_group_len(calls, ncalls, idx[i]);
+			int			j;
+
+			for (j = 0; j < len; j++)
+				again[k++] = calls[idx[i] + j];
 		}
 		for (i = 0; i < nreload; i++)
 		{
@@ -1126,9 +1147,11 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
 		k = 0;
 		for (i = 0; i < nretry; i++)
 		{
-			calls[idx[i]] = again[k++];
-			if (idx[i] + 1 < ncalls && calls[idx[i] + 1].follows)
-				calls[idx[i] + 1] = again[k++];
+			int			len = rl_group_len(calls, ncalls, idx[i]);
+			int			j;
+
+			for (j = 0; j < len; j++)
+				calls[idx[i] + j] = again[k++];
 		}
 		pfree(again);
 		pfree(idx);
@@ -1140,9 +1163,9 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
  * Set call up as the acquire script of n's protocol with this lease; fence
  * asks the script to count a fencing token.
  */
-void
-rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
-				bool fence, int64 queue_wait_ms)
+static void
+script_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
+			   bool fence, int64 queue_wait_ms)
 {
 	const char *keys[2] = {n->key, n->fence_key};
 	const char *f = fence ? "1" : "0";
@@ -1239,8 +1262,8 @@ rl_call_acquire_many(RLCall *call, RLConn *conn, const RLLockNames *const *names
  * Set call up as the release script of n's protocol: delete the lock if it
  * is ours and publish on its channel.
  */
-void
-rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
+static void
+script_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
 	const char *keys[2] = {n->key, NULL};
 	const char *args[4] = {n->owner, publish_cmd(), n->channel, NULL};
@@ -1278,9 +1301,9 @@ rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n)
  * lock is still ours (also how a lock is verified); with renew, only
  * lengthen what is left of it (the watchdog's renewals).
  */
-void
-rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
-			   bool renew)
+static void
+script_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
+			  bool renew)
 {
 	const char *keys[2] = {n->key, NULL};
 	const char *args[3] = {n->owner, ms_text(lease_ms), renew ? "1" : "0"};
@@ -1308,8 +1331,8 @@ rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
  * Set call up as the force-release script: delete the lock whoever holds it
  * and publish on its channel, refusing a key of a foreign type.
  */
-void
-rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
+static void
+script_force(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
 	bool		fair = n->protocol == RL_PROTOCOL_REDISSON_FAIR;
 	const char *keys[1] = {n->key};
@@ -1328,9 +1351,9 @@ rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n)
  * Leave a fair lock's queue (a waiter that gives up); queue_wait_ms is the
  * wait it joined with.
  */
-void
-rl_call_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
-				int64 queue_wait_ms)
+static void
+script_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
+			   int64 queue_wait_ms)
 {
 	const char *keys[3] = {n->key, fair_queue_key(n), fair_timeout_key(n)};
 	const char *args[4] = {n->owner, ms_text(queue_wait_ms), publish_cmd(),
@@ -1341,12 +1364,351 @@ rl_call_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
 }
 
 /* Set call up as the inspect script: the key's type, pttl and holder(s) */
-void
-rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n)
+static void
+script_inspect(RLCall *call, RLConn *conn, const RLLockNames *n)
 {
 	const char *keys[1] = {n->key};
 
 	rl_script_call(call, conn, RL_SCRIPT_INSPECT, 1, keys, 0, NULL);
+}
+
+/* ----------------------------------------------------------------
+ * The simple layout without Lua (redis_lock.scripting off).
+ *
+ * The same string key holding the same token, taken and given back with
+ * commands that compare atomically in the server: SET NX GET, DELIFEQ
+ * (Valkey 9.0) or DELEX IFEQ (Redis 8.4), SET IFEQ (Valkey 8.1, Redis 8.4).
+ * Each operation is one unit of calls sent as a group in one round trip
+ * (MULTI ... EXEC where several commands must see one state).  Every unit
+ * is idempotent for a given token, as the scripts are.  What differs from
+ * the scripts (README, "Script-free locks"):
+ *
+ * - The fence counter is counted on every acquire attempt, not only on a
+ *   grant: a transaction cannot make INCR depend on the SET before it.
+ *   Tokens still strictly increase from one grant to the next (INCR only
+ *   goes up); they merely skip the numbers busy attempts took.  A missing
+ *   counter starts at this server's clock in microseconds (SET NX before
+ *   the INCR), not Redis' (no TIME can feed a later command of the same
+ *   transaction): tokens keep increasing across a Redis reset as long as
+ *   that clock is ahead of the last token, which it is by far unless more
+ *   than a million attempts a second went to one counter.
+ * - Our own token found by an acquire (a retry whose reply was lost) costs
+ *   a second round trip, a SET IFEQ that restarts its lease.
+ * - A renewal cannot compare what is left of the lease with the lease
+ *   before setting it, so it does not "never shorten": it restarts the
+ *   lease whatever is left.  Only our own extend could have left more, and
+ *   the registry keeps extend and renewals apart (rl_extend).  It still
+ *   reports what it found, with a PTTL before its SET.
+ * - Force release reads the token, then deletes the key if it still holds
+ *   it: two round trips; a lock that changes hands in between is left to
+ *   its new holder.
+ * ----------------------------------------------------------------
+ */
+
+/* Bits of rl_conn_commands: what each server offers */
+static const char *const offer_names[] = {"DELIFEQ", "DELEX"};
+
+#define OFFERS_DELIFEQ	0x1		/* Valkey 9.0 and later */
+#define OFFERS_DELEX	0x2		/* Redis 8.4 and later */
+
+/* Now as Unix microseconds: where a missing fence counter starts */
+static char *
+unix_us_text(void)
+{
+	int64		epoch_us = (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) *
+		SECS_PER_DAY * USECS_PER_SEC;
+
+	return psprintf(INT64_FORMAT, GetCurrentTimestamp() + epoch_us);
+}
+
+/* unit[i] becomes the command argv for conn */
+static void
+free_call(RLCall *unit, int i, RLConn *conn, int argc, const char **argv)
+{
+	rl_call_set(&unit[i], conn, argc, argv, NULL);
+}
+
+/*
+ * Compare-and-delete of key if it holds token, on what the server offers,
+ * then a wake-up on the lock's channel in the same round trip: our waiters
+ * sleep on it.  When the key was not ours the message wakes them for
+ * nothing, and they find the lock as busy as before.  A PUBLISH refused
+ * (an ACL) does not undo the release: waiters then find it by polling.
+ */
+static int
+free_delete(RLCall *unit, RLConn *conn, const RLLockNames *n, const char *token)
+{
+	int			offers = rl_conn_commands(conn, NULL);
+	const char *pub[3] = {publish_cmd(), n->channel, "0"};
+
+	if (offers > 0 && (offers & OFFERS_DELIFEQ) == 0 && (offers & OFFERS_DELEX))
+	{
+		const char *argv[4] = {"DELEX", n->key, "IFEQ", token};
+
+		free_call(unit, 0, conn, 4, argv);
+	}
+	else
+	{
+		const char *argv[3] = {"DELIFEQ", n->key, token};
+
+		free_call(unit, 0, conn, 3, argv);
+	}
+	free_call(unit, 1, conn, 3, pub);
+	return 2;
+}
+
+/*
+ * The calls of an operation without scripts; returns how many (count only,
+ * unit NULL).  The layouts of each, and what their replies mean:
+ *
+ * acquire: MULTI / SET key token NX PX lease GET / [SET fence <now us> NX /
+ *   INCR fence] / PTTL key / TYPE key / EXEC.  SET's GET gives what was
+ *   there: nil, we took it; our token, a retry (RL_ACQ_OURS); another
+ *   value, busy (publishing if it has our marker), with PTTL's answer; an
+ *   error WRONGTYPE, a key of another type (TYPE names it), left as it was.
+ * release: DELIFEQ key token (or DELEX key IFEQ token) / PUBLISH.
+ * extend: SET key token IFEQ token PX lease (nil: not ours; never creates).
+ * renew: PTTL key / SET key token IFEQ token PX lease.
+ * force: MULTI / TYPE key / GET key / EXEC, then rl_build_force_delete.
+ * inspect: MULTI / TYPE key / PTTL key / GET key / HKEYS key / EXEC (the
+ *   one of GET and HKEYS that does not fit the type answers WRONGTYPE).
+ */
+static int
+free_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
+		  int64 lease_ms, bool fence)
+{
+	const char *multi[1] = {"MULTI"};
+	const char *exec[1] = {"EXEC"};
+	const char *pttl[2] = {"PTTL", n->key};
+	const char *type[2] = {"TYPE", n->key};
+	int			k = 0;
+
+	switch (kind)
+	{
+		case RL_OP_ACQUIRE:
+			if (unit == NULL)
+				return fence ? 7 : 5;
+			{
+				const char *set[7] = {"SET", n->key, n->owner, "NX", "PX",
+				ms_text(lease_ms), "GET"};
+
+				free_call(unit, k++, conn, 1, multi);
+				free_call(unit, k++, conn, 7, set);
+				if (fence)
+				{
+					const char *start[4] = {"SET", n->fence_key, unix_us_text(), "NX"};
+					const char *incr[2] = {"INCR", n->fence_key};
+
+					free_call(unit, k++, conn, 4, start);
+					free_call(unit, k++, conn, 2, incr);
+				}
+				free_call(unit, k++, conn, 2, pttl);
+				free_call(unit, k++, conn, 2, type);
+				free_call(unit, k++, conn, 1, exec);
+			}
+			return k;
+		case RL_OP_RELEASE:
+			if (unit == NULL)
+				return 2;
+			return free_delete(unit, conn, n, n->owner);
+		case RL_OP_RENEW:
+			if (unit == NULL)
+				return 2;
+			free_call(unit, k++, conn, 2, pttl);
+			/* FALLTHROUGH */
+		case RL_OP_EXTEND:
+			if (unit == NULL)
+				return 1;
+			{
+				const char *set[7] = {"SET", n->key, n->owner, "IFEQ", n->owner,
+				"PX", ms_text(lease_ms)};
+
+				free_call(unit, k++, conn, 7, set);
+			}
+			return k;
+		case RL_OP_FORCE:
+			if (unit == NULL)
+				return 4;
+			{
+				const char *get[2] = {"GET", n->key};
+
+				free_call(unit, k++, conn, 1, multi);
+				free_call(unit, k++, conn, 2, type);
+				free_call(unit, k++, conn, 2, get);
+				free_call(unit, k++, conn, 1, exec);
+			}
+			return k;
+		case RL_OP_INSPECT:
+			if (unit == NULL)
+				return 6;
+			{
+				const char *get[2] = {"GET", n->key};
+				const char *hkeys[2] = {"HKEYS", n->key};
+
+				free_call(unit, k++, conn, 1, multi);
+				free_call(unit, k++, conn, 2, type);
+				free_call(unit, k++, conn, 2, pttl);
+				free_call(unit, k++, conn, 2, get);
+				free_call(unit, k++, conn, 2, hkeys);
+				free_call(unit, k++, conn, 1, exec);
+			}
+			return k;
+		case RL_OP_DEQUEUE:
+			break;
+	}
+	elog(ERROR, "no script-free form of lock operation %d", (int) kind);
+	return 0;					/* keep compiler quiet */
+}
+
+/*
+ * Force release without scripts, second round: delete the lock if it still
+ * holds the token the first round saw, and wake its waiters.
+ */
+int
+rl_build_force_delete(RLCall *unit, RLConn *conn, const RLLockNames *n,
+					  const char *token)
+{
+	return free_delete(unit, conn, n, token);
+}
+
+/* How many calls one node's unit of this operation has */
+int
+rl_unit_calls(RLOpKind kind, const RLLockNames *n, bool fence)
+{
+	if (!n->script_free)
+		return 1;
+	return free_unit(NULL, NULL, kind, n, 0, fence);
+}
+
+/*
+ * Set unit up as the operation on one node: its script, or its script-free
+ * form (rl_unit_calls of them, the first leading, the rest following it).
+ */
+void
+rl_build_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
+			  int64 lease_ms, bool fence, int64 queue_wait_ms)
+{
+	int			k;
+	int			i;
+
+	if (n->script_free)
+	{
+		k = free_unit(unit, conn, kind, n, lease_ms, fence);
+		for (i = 1; i < k; i++)
+			unit[i].follows = true;
+		return;
+	}
+	switch (kind)
+	{
+		case RL_OP_ACQUIRE:
+			script_acquire(unit, conn, n, lease_ms, fence, queue_wait_ms);
+			break;
+		case RL_OP_DEQUEUE:
+			script_dequeue(unit, conn, n, queue_wait_ms);
+			break;
+		case RL_OP_EXTEND:
+		case RL_OP_RENEW:
+			script_extend(unit, conn, n, lease_ms, kind == RL_OP_RENEW);
+			break;
+		case RL_OP_RELEASE:
+			script_release(unit, conn, n);
+			break;
+		case RL_OP_FORCE:
+			script_force(unit, conn, n);
+			break;
+		case RL_OP_INSPECT:
+			script_inspect(unit, conn, n);
+			break;
+	}
+}
+
+/*
+ * Before script-free units about key go to these nodes of target: what
+ * each server offers, asked where no connection to it has yet, all in one
+ * round trip (on a new connection, in the same round trip as its
+ * handshake).  From then on every new connection of this process asks in
+ * its handshake.  The question is routed like the units: a Sentinel master
+ * or Cluster node that does not answer is looked for again, and conns[i]
+ * becomes where it was answered.  why[i] is NULL where units may go, else
+ * a call saying why not: the question's own failure (a node that did not
+ * answer), or RL_FAIL_UNSUPPORTED, which in hard mode is raised at once,
+ * before anything is sent to any node.
+ */
+void
+rl_learn_offers(RLConn **conns, int n, RLTarget *target, const char *key,
+				size_t keylen, RLRunMode mode, RLCall **why)
+{
+	int		   *asked = NULL;
+	RLCall	   *calls = NULL;
+	int			nask = 0;
+	int			i;
+
+	rl_probe_commands(offer_names, lengthof(offer_names));
+	for (i = 0; i < n; i++)
+	{
+		why[i] = NULL;
+		if (rl_conn_commands(conns[i], NULL) == RL_COMMANDS_UNKNOWN)
+		{
+			if (calls == NULL)
+			{
+				calls = palloc0(sizeof(RLCall) * n);
+				asked = palloc0(sizeof(int) * n);
+			}
+			rl_call_probe(&calls[nask], conns[i]);
+			calls[nask].target = target;
+			calls[nask].key = key;
+			calls[nask].keylen = keylen;
+			asked[nask++] = i;
+		}
+	}
+	if (nask > 0)
+	{
+		int			j;
+
+		rl_target_run(calls, nask, RL_RUN_SOFT);
+		for (j = 0; j < nask; j++)
+			conns[asked[j]] = calls[j].conn;
+	}
+	for (i = 0; i < n; i++)
+	{
+		const char *refusal;
+		int			offers = rl_conn_commands(conns[i], &refusal);
+		RLCall	   *c;
+		int			j;
+
+		if (offers >= 0 && (offers & (OFFERS_DELIFEQ | OFFERS_DELEX)) != 0)
+			continue;
+		c = palloc0(sizeof(RLCall));
+		c->conn = conns[i];
+		if (offers == RL_COMMANDS_UNKNOWN)
+		{
+			/* no answer: the question's failure */
+			for (j = 0; j < nask && asked[j] != i; j++)
+				;
+			if (j < nask && calls[j].error != NULL)
+				*c = calls[j];
+			else
+				rl_call_fail(c, RL_FAIL_RECEIVE, ERRCODE_CONNECTION_FAILURE,
+							 pstrdup("no answer to COMMAND INFO"));
+			c->reply = NULL;
+			c->sent = false;
+		}
+		else if (offers == RL_COMMANDS_REFUSED)
+			rl_call_fail(c, RL_FAIL_UNSUPPORTED, ERRCODE_FEATURE_NOT_SUPPORTED,
+						 psprintf("Locks without scripts need DELIFEQ (Valkey 9.0 or later) or DELEX (Redis 8.4 or later); asking the server which it has (COMMAND INFO) failed: %s",
+								  refusal));
+		else
+			rl_call_fail(c, RL_FAIL_UNSUPPORTED, ERRCODE_FEATURE_NOT_SUPPORTED,
+						 pstrdup("Locks without scripts need DELIFEQ (Valkey 9.0 or later) or DELEX (Redis 8.4 or later), and the server has neither."));
+		if (c->failure == RL_FAIL_UNSUPPORTED && mode == RL_RUN_HARD)
+			rl_raise_call_error(c);
+		why[i] = c;
+	}
+	if (calls != NULL)
+	{
+		pfree(calls);
+		pfree(asked);
+	}
 }
 
 /* ----------------------------------------------------------------
@@ -1359,18 +1721,112 @@ is_text(const RLReply *r)
 	return r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
 }
 
+/* The head of a unit runs a script (EVALSHA, or EVAL after NOSCRIPT) */
+static bool
+is_script_unit(const RLCall *unit)
+{
+	return unit->argc > 0 &&
+		(pg_strcasecmp(unit->argv[0], "EVALSHA") == 0 ||
+		 pg_strcasecmp(unit->argv[0], "EVAL") == 0);
+}
+
+static bool
+is_status(const RLReply *r, const char *text)
+{
+	return r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, text) == 0;
+}
+
 /*
- * Decode an acquire script's reply into res: granted with its token, busy
- * with the holder's pttl, wrong type, or failed (res->failure = call).
+ * The array EXEC answered for a MULTI ... EXEC unit of n calls, once MULTI
+ * said OK and every command in between QUEUED; NULL otherwise (a command
+ * refused while queued -- an ACL, a redirection -- aborts the transaction:
+ * nothing of it ran).
+ */
+static RLReply *
+exec_reply(RLCall *unit, int n)
+{
+	RLReply    *r = unit[n - 1].reply;
+	int			i;
+
+	if (n < 3 || !is_status(unit[0].reply, "OK"))
+		return NULL;
+	for (i = 1; i < n - 1; i++)
+		if (!is_status(unit[i].reply, "QUEUED"))
+			return NULL;
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != (size_t) (n - 2))
+		return NULL;
+	return r;
+}
+
+/*
+ * The script-free acquire's transaction (free_unit): SET's GET, the fence
+ * counter's INCR (when fence), PTTL, TYPE.
+ */
+static void
+free_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
+{
+	RLReply    *x = exec_reply(unit, n);
+	bool		fence = n == 7;
+	RLReply    *got;
+	RLReply    *incr;
+	RLReply    *pttl;
+	RLReply    *type;
+	const char *token = unit[1].argv[2];
+
+	if (x == NULL)
+		return;
+	got = x->element[0];
+	incr = fence ? x->element[2] : NULL;
+	pttl = x->element[fence ? 3 : 1];
+	type = x->element[fence ? 4 : 2];
+	if (!is_text(type) || pttl->type != REDIS_REPLY_INTEGER)
+		return;
+	if (got->type == REDIS_REPLY_ERROR)
+	{
+		if (strncmp(got->str, "WRONGTYPE", 9) == 0 && strcmp(type->str, "string") != 0)
+		{
+			res->outcome = RL_ACQ_WRONGTYPE;
+			res->type = type->str;
+		}
+		return;
+	}
+	if (got->type == REDIS_REPLY_STRING && strcmp(got->str, token) != 0)
+	{
+		res->outcome = RL_ACQ_BUSY;
+		res->pttl = pttl->integer;
+		res->holder_publishes = strncmp(got->str, RL_TOKEN_MARKER,
+										strlen(RL_TOKEN_MARKER)) == 0;
+		return;
+	}
+	if (got->type != REDIS_REPLY_NIL && got->type != REDIS_REPLY_STRING)
+		return;
+	/* ours now, or ours already: the counter has counted for us */
+	if (incr != NULL && incr->type != REDIS_REPLY_INTEGER)
+		return;
+	res->fence = incr != NULL ? incr->integer : 0;
+	res->outcome = got->type == REDIS_REPLY_NIL ? RL_ACQ_GRANTED : RL_ACQ_OURS;
+}
+
+/*
+ * Decode an acquire unit of n calls into res: granted with its token, ours
+ * already (script-free: its lease must be restarted), busy with the
+ * holder's pttl, wrong type, or failed (res->failure: the call to blame).
  */
 void
-rl_parse_acquire(RLCall *call, RLAcquireResult *res)
+rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
 {
-	RLReply    *r = call->reply;
+	RLReply    *r = unit->reply;
 
 	memset(res, 0, sizeof(*res));
 	res->outcome = RL_ACQ_FAILED;
-	res->failure = call;
+	res->failure = rl_unit_failure(RL_OP_ACQUIRE, unit, n);
+	if (!is_script_unit(unit))
+	{
+		free_parse_acquire(unit, n, res);
+		if (res->outcome != RL_ACQ_FAILED)
+			res->failure = NULL;
+		return;
+	}
 	/* {1, fence} | {0, pttl[, publishes]} | {-1, type}; anything else failed */
 	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
 		r->elements > 3 || r->element[0]->type != REDIS_REPLY_INTEGER)
@@ -1488,37 +1944,194 @@ rl_inspect_reply_valid(const RLReply *r)
 }
 
 /*
- * What an extend reply that said "ours" found left of the lease, in ms: -1
- * for no expiry or a reply of another form.
+ * The inspect reply of a unit of n calls in the script's form, {type,
+ * pttl[, value or field names]} (a script-free unit's answers put in that
+ * form, without a read-write lock's "mode" field), or NULL if it has none.
+ */
+RLReply *
+rl_inspect_reply(RLCall *unit, int n)
+{
+	RLReply    *x;
+	RLReply    *out;
+	RLReply    *type;
+	RLReply    *v = NULL;
+
+	if (is_script_unit(unit))
+		return rl_inspect_reply_valid(unit->reply) ? unit->reply : NULL;
+	/* TYPE, PTTL, GET, HKEYS */
+	x = exec_reply(unit, n);
+	if (x == NULL || !is_text(x->element[0]) ||
+		x->element[1]->type != REDIS_REPLY_INTEGER)
+		return NULL;
+	type = x->element[0];
+	if (strcmp(type->str, "string") == 0)
+		v = x->element[2];
+	else if (strcmp(type->str, "hash") == 0)
+	{
+		RLReply    *keys = x->element[3];
+		size_t		i;
+
+		if (keys->type != REDIS_REPLY_ARRAY)
+			return NULL;
+		v = palloc0(sizeof(RLReply));
+		v->type = REDIS_REPLY_ARRAY;
+		v->element = palloc(sizeof(RLReply *) * Max(keys->elements, 1));
+		for (i = 0; i < keys->elements; i++)
+			if (!is_text(keys->element[i]) || strcmp(keys->element[i]->str, "mode") != 0)
+				v->element[v->elements++] = keys->element[i];
+	}
+	out = palloc0(sizeof(RLReply));
+	out->type = REDIS_REPLY_ARRAY;
+	out->elements = v != NULL ? 3 : 2;
+	out->element = palloc(sizeof(RLReply *) * 3);
+	out->element[0] = type;
+	out->element[1] = x->element[1];
+	out->element[2] = v;
+	return rl_inspect_reply_valid(out) ? out : NULL;
+}
+
+/*
+ * The call whose reply answers for a script-free unit of n calls: EXEC of a
+ * transaction, the SET of a renewal (after its PTTL), else the first.
+ */
+static RLCall *
+free_answer(RLOpKind kind, RLCall *unit, int n)
+{
+	if (pg_strcasecmp(unit->argv[0], "MULTI") == 0)
+		return &unit[n - 1];
+	if (kind == RL_OP_RENEW)
+		return &unit[1];
+	return unit;
+}
+
+/*
+ * The call to blame when a unit of n calls gave no usable answer: the first
+ * that failed or got an error (a transaction's refused command rather than
+ * its EXECABORT), else the one whose reply made no sense.
+ */
+RLCall *
+rl_unit_failure(RLOpKind kind, RLCall *unit, int n)
+{
+	int			i;
+
+	if (is_script_unit(unit))
+		return unit;
+	for (i = 0; i < n; i++)
+		if (unit[i].error != NULL || rl_reply_is_error(unit[i].reply, NULL))
+			return &unit[i];
+	return free_answer(kind, unit, n);
+}
+
+/*
+ * May a unit of n calls that gave no usable answer have changed something
+ * in Redis?  A script may have run part way whatever it replied.  A
+ * script-free unit did nothing when every call got its reply: an error
+ * means its command (or the transaction) did not run.
+ */
+bool
+rl_unit_may_have_run(RLCall *unit, int n)
+{
+	int			i;
+
+	if (is_script_unit(unit))
+		return unit->sent || unit->reply != NULL;
+	for (i = 0; i < n; i++)
+		if (unit[i].reply == NULL && unit[i].sent)
+			return true;
+	return false;
+}
+
+/*
+ * What an extend or renew unit that said "ours" found left of the lease, in
+ * ms: -1 for no expiry, an unknown one (a script-free extend does not ask),
+ * or a reply of another form.
  */
 int64
-rl_extend_found_ttl(RLCall *call)
+rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n)
 {
-	RLReply    *r = call->reply;
+	RLReply    *r = unit->reply;
 
+	if (!is_script_unit(unit))
+	{
+		/* the renewal's PTTL, just before its SET */
+		if (kind == RL_OP_RENEW && r != NULL && r->type == REDIS_REPLY_INTEGER &&
+			r->integer >= 0)
+			return r->integer;
+		return -1;
+	}
 	if (r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= 2)
 		return r->integer - 2;
 	return -1;
 }
 
 /*
- * Decode a release/extend/force reply: RL_FLAG_YES or RL_FLAG_NO;
- * RL_FLAG_WRONGTYPE with *type set when the key has a foreign type;
+ * A script-free release, extend, renew or force-delete: its compare said
+ * yes or no.  A key of another type is not ours (as in the scripts, whose
+ * GET fails on it the same way) and stays untouched.
+ */
+static RLFlag
+free_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
+{
+	RLReply    *r = free_answer(kind, unit, n)->reply;
+
+	if (kind == RL_OP_FORCE)
+	{
+		/* TYPE, GET */
+		RLReply    *x = exec_reply(unit, n);
+
+		if (x == NULL || !is_text(x->element[0]))
+			return RL_FLAG_FAILED;
+		if (strcmp(x->element[0]->str, "none") == 0)
+			return RL_FLAG_NO;
+		if (strcmp(x->element[0]->str, "string") != 0)
+		{
+			*text = x->element[0]->str;
+			return RL_FLAG_WRONGTYPE;
+		}
+		if (x->element[1]->type != REDIS_REPLY_STRING)
+			return RL_FLAG_FAILED;
+		*text = x->element[1]->str;
+		return RL_FLAG_SEEN;
+	}
+	if (r == NULL)
+		return RL_FLAG_FAILED;
+	if (rl_reply_is_error(r, "WRONGTYPE"))
+		return RL_FLAG_NO;
+	if (kind == RL_OP_RELEASE)
+	{
+		if (r->type != REDIS_REPLY_INTEGER)
+			return RL_FLAG_FAILED;
+		return r->integer == 1 ? RL_FLAG_YES : RL_FLAG_NO;
+	}
+	/* SET ... IFEQ: OK, or nil when the key is not ours (or not there) */
+	if (is_status(r, "OK"))
+		return RL_FLAG_YES;
+	if (r->type == REDIS_REPLY_NIL)
+		return RL_FLAG_NO;
+	return RL_FLAG_FAILED;
+}
+
+/*
+ * Decode a release/extend/force unit of n calls: RL_FLAG_YES or
+ * RL_FLAG_NO; RL_FLAG_WRONGTYPE with *text the type when the key has a
+ * foreign type; RL_FLAG_SEEN with *text the token (script-free force);
  * RL_FLAG_FAILED when the round trip failed or the reply makes no sense.
  */
 RLFlag
-rl_parse_flag(RLCall *call, char **type)
+rl_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
 {
-	RLReply    *r = call->reply;
+	RLReply    *r = unit->reply;
 
-	*type = NULL;
+	*text = NULL;
+	if (!is_script_unit(unit))
+		return free_parse_flag(kind, unit, n, text);
 	if (r != NULL && r->type == REDIS_REPLY_INTEGER)
 		return r->integer ? RL_FLAG_YES : RL_FLAG_NO;
 	if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
 		r->element[0]->type == REDIS_REPLY_INTEGER &&
 		r->element[0]->integer == -1 && is_text(r->element[1]))
 	{
-		*type = r->element[1]->str;
+		*text = r->element[1]->str;
 		return RL_FLAG_WRONGTYPE;
 	}
 	return RL_FLAG_FAILED;

@@ -48,12 +48,39 @@ typedef struct RLLockNames
 	char	   *fence_key;
 	char	   *channel;
 	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
+	bool		script_free;	/* simple layout without Lua scripts
+								 * (redis_lock.scripting off when built) */
 } RLLockNames;
+
+/*
+ * What one lock operation does to a lock on one node (lockop.c runs it over
+ * every node of a target)
+ */
+typedef enum RLOpKind
+{
+	RL_OP_ACQUIRE,
+	RL_OP_EXTEND,				/* also verify */
+	RL_OP_RENEW,				/* the watchdog's: never shortens a lease */
+	RL_OP_RELEASE,
+	RL_OP_FORCE,
+	RL_OP_INSPECT,
+	RL_OP_DEQUEUE				/* leave a fair lock's queue */
+} RLOpKind;
+
+/*
+ * The calls of one operation on one node, its "unit": one EVALSHA, or the
+ * commands of the script-free form (RLLockNames.script_free), which go as a
+ * group (RLCall.follows) in one round trip.  At most this many.
+ */
+#define RL_UNIT_MAX_CALLS	7
 
 /* Outcome of one acquire script on one node */
 typedef enum RLAcquireOutcome
 {
 	RL_ACQ_GRANTED,
+	RL_ACQ_OURS,				/* script-free: our token was there already
+								 * (a retry); granted once its lease is
+								 * restarted (an RL_OP_EXTEND unit) */
 	RL_ACQ_BUSY,				/* held by someone else */
 	RL_ACQ_WRONGTYPE,			/* key is not a lock of this protocol */
 	RL_ACQ_FAILED				/* transport or script failure */
@@ -62,7 +89,8 @@ typedef enum RLAcquireOutcome
 typedef struct RLAcquireResult
 {
 	RLAcquireOutcome outcome;
-	int64		fence;			/* when granted; 0: no fencing (Redlock) */
+	int64		fence;			/* when granted (or ours); 0: no fencing
+								 * (Redlock) */
 	int64		pttl;			/* when busy: holder's remaining ms, -1 none */
 	bool		holder_publishes;	/* when busy: holder wakes us on release */
 	char	   *type;			/* when wrong type: Redis type name */
@@ -102,19 +130,23 @@ extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
 extern void rl_script_run(RLCall *calls, int ncalls, RLRunMode mode);
 extern char *rl_call_command_name(RLCall *call);
 
-extern void rl_call_acquire(RLCall *call, RLConn *conn, const RLLockNames *n,
-							int64 lease_ms, bool fence, int64 queue_wait_ms);
-extern void rl_call_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
-							int64 queue_wait_ms);
 extern char *rl_wait_channel(const RLLockNames *n);
 extern bool rl_key_splits_slots(RLProtocol protocol, const char *key);
-extern void rl_call_release(RLCall *call, RLConn *conn, const RLLockNames *n);
-extern void rl_call_extend(RLCall *call, RLConn *conn, const RLLockNames *n,
-						   int64 lease_ms, bool renew);
-extern int64 rl_extend_found_ttl(RLCall *call);
-extern void rl_call_force(RLCall *call, RLConn *conn, const RLLockNames *n);
-extern void rl_call_inspect(RLCall *call, RLConn *conn, const RLLockNames *n);
-extern void rl_parse_acquire(RLCall *call, RLAcquireResult *res);
+
+extern int	rl_unit_calls(RLOpKind kind, const RLLockNames *n, bool fence);
+extern void rl_build_unit(RLCall *unit, RLConn *conn, RLOpKind kind,
+						  const RLLockNames *n, int64 lease_ms, bool fence,
+						  int64 queue_wait_ms);
+extern int	rl_build_force_delete(RLCall *unit, RLConn *conn,
+								  const RLLockNames *n, const char *token);
+extern void rl_learn_offers(RLConn **conns, int n, RLTarget *target,
+							const char *key, size_t keylen, RLRunMode mode,
+							RLCall **why);
+extern RLCall *rl_unit_failure(RLOpKind kind, RLCall *unit, int n);
+extern bool rl_unit_may_have_run(RLCall *unit, int n);
+extern int64 rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n);
+extern void rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res);
+extern RLReply *rl_inspect_reply(RLCall *unit, int n);
 extern bool rl_protocol_has_many(RLProtocol protocol);
 extern void rl_call_acquire_many(RLCall *call, RLConn *conn,
 								 const RLLockNames *const *names, int n,
@@ -122,16 +154,19 @@ extern void rl_call_acquire_many(RLCall *call, RLConn *conn,
 								 bool fence);
 extern void rl_parse_acquire_many(RLCall *call, int n, RLAcquireManyResult *res);
 extern bool rl_inspect_reply_valid(const RLReply *r);
-/* Answer of a release, extend or force script on one node */
+/* Answer of a release, extend or force unit on one node */
 typedef enum RLFlag
 {
 	RL_FLAG_NO,					/* not ours / not there */
 	RL_FLAG_YES,				/* done */
 	RL_FLAG_WRONGTYPE,			/* the key holds a foreign type */
+	RL_FLAG_SEEN,				/* script-free force: a string lock with this
+								 * token, to delete if it still holds it
+								 * (rl_build_force_delete) */
 	RL_FLAG_FAILED				/* no usable answer */
 } RLFlag;
 
-extern RLFlag rl_parse_flag(RLCall *call, char **type);
+extern RLFlag rl_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text);
 extern const char *rl_pubsub_subscribe_cmd(void);
 extern const char *rl_pubsub_unsubscribe_cmd(void);
 

@@ -31,6 +31,7 @@ int			rl_wait_timeout_ms = 10000;
 int			rl_connect_timeout_ms = 2000;
 int			rl_command_timeout_ms = 2000;
 int			rl_protocol = RL_PROTOCOL_SIMPLE;
+bool		rl_scripting = true;
 bool		rl_verify_on_commit = true;
 bool		rl_session_locks = true;
 int			rl_max_locks = 1024;
@@ -446,6 +447,21 @@ rl_define_settings(void)
 							 RL_PROTOCOL_SIMPLE,
 							 protocol_options,
 							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	/*
+	 * Superuser-only like redis_lock.url: whether Lua may be used is a fact
+	 * about the server (its ACLs, its kind), not a user's preference.  A
+	 * lock keeps the form it was taken with (protocol.c), so changing it
+	 * needs no new connections.
+	 */
+	DefineCustomBoolVariable("redis_lock.scripting",
+							 "Use Lua scripts (EVALSHA) for locks; off: the simple layout without scripts, on servers that offer DELIFEQ (Valkey 9.0+) or DELEX (Redis 8.4+).",
+							 NULL,
+							 &rl_scripting,
+							 true,
+							 PGC_SUSET,
 							 0,
 							 NULL, NULL, NULL);
 

@@ -626,10 +626,36 @@ typedef struct RetryState
 } RetryState;
 
 /*
+ * The call of a group (RLCall.follows) that says whether the group goes
+ * again: the first one redirected, told to try again or refused by a node
+ * that is gone (in MULTI ... EXEC a queued command gets the MOVED, EXEC
+ * only EXECABORT), or failed on the way; else the group's first.
+ */
+static RLCall *
+group_verdict(RLCall *group, int len)
+{
+	static const char *const again[] = {"MOVED ", "ASK ", "TRYAGAIN",
+	"READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN"};
+	int			i;
+	int			k;
+
+	for (i = 0; i < len; i++)
+	{
+		if (group[i].error != NULL)
+			return &group[i];
+		for (k = 0; k < (int) lengthof(again); k++)
+			if (rl_reply_is_error(group[i].reply, again[k]))
+				return &group[i];
+	}
+	return &group[0];
+}
+
+/*
  * Decide which calls go again, pointing each at its new node: MOVED and ASK
  * (counted in *redirects), TRYAGAIN (*tryagain), and once per call a node
- * that failed.  A "follows" call goes with the call before it.  Returns how
- * many calls are in rs->redo.
+ * that failed.  A group (a call and those that follow it: WAIT after a
+ * script, MULTI ... EXEC) goes whole, to one node, with ASKING before its
+ * first call.  Returns how many calls are in rs->redo.
  */
 static int
 plan_retries(RLCall *calls, int ncalls, RetryState *rs, int *redirects,
@@ -637,21 +663,24 @@ plan_retries(RLCall *calls, int ncalls, RetryState *rs, int *redirects,
 {
 	int			nredo = 0;
 	int			i;
+	int			len;
 
 	rs->ndone = 0;
 	*tryagain = false;
-	for (i = 0; i < ncalls; i++)
+	for (i = 0; i < ncalls; i += len)
 	{
 		RLCall	   *c = &calls[i];
+		RLCall	   *v;
 		bool		ask;
 		int			slot;
 		RLEndpoint	to;
+		int			j;
 
-		if (c->follows)
-			continue;			/* goes with the call before it */
-		if (redirect_of(c, &ask, &slot, &to))
+		len = rl_group_len(calls, ncalls, i);
+		v = group_verdict(c, len);
+		if (redirect_of(v, &ask, &slot, &to))
 		{
-			RLSlotMap  *m = c->target->slots;
+			RLSlotMap  *m = v->target->slots;
 
 			if (!ask && m != NULL && slot >= 0 && slot < 16384)
 				m->owner[slot] = (int16) slot_node_index(m, &to, to.host, to.port);
@@ -659,13 +688,13 @@ plan_retries(RLCall *calls, int ncalls, RetryState *rs, int *redirects,
 			c->asking = ask;
 			(*redirects)++;
 		}
-		else if (rl_reply_is_error(c->reply, "TRYAGAIN"))
+		else if (rl_reply_is_error(v->reply, "TRYAGAIN"))
 		{
 			*tryagain = true;
 			c->asking = false;
 		}
 		else if (!rs->rerouted[i] && c->key != NULL &&
-				 (master_gone(c) || node_gone(c)))
+				 (master_gone(v) || node_gone(v)))
 		{
 			RLConn	   *conn;
 
@@ -677,11 +706,10 @@ plan_retries(RLCall *calls, int ncalls, RetryState *rs, int *redirects,
 		}
 		else
 			continue;
-		rs->redo[nredo++] = i;
-		if (i + 1 < ncalls && calls[i + 1].follows)
+		for (j = 0; j < len; j++)
 		{
-			calls[i + 1].conn = c->conn;
-			rs->redo[nredo++] = i + 1;
+			calls[i + j].conn = c->conn;
+			rs->redo[nredo++] = i + j;
 		}
 	}
 	return nredo;
@@ -710,10 +738,11 @@ run_again(RLCall *calls, const int *redo, int nredo, int timeout)
  * cluster redirections (MOVED updates the slot map, ASK is sent with ASKING),
  * waits out TRYAGAIN during slot migration, and, once per call, re-learns
  * where a key lives when its node failed (a Sentinel master that moved, a
- * cluster master that died and was replaced).  A call marked "follows"
- * (WAIT after a script) is always sent again with the call before it.
+ * cluster master that died and was replaced).  A group of calls (WAIT after
+ * a script, a MULTI ... EXEC transaction) is always sent again whole.
  * Only then, in hard mode, a remaining failure raises.  Resending is safe
- * because every script is idempotent per token.
+ * because every script, and every script-free form, is idempotent per
+ * token (protocol.c).
  */
 void
 rl_target_run(RLCall *calls, int ncalls, RLRunMode mode)

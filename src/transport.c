@@ -47,10 +47,17 @@ struct RLConn
 	uint64		generation;		/* settings generation at connect */
 	bool		busy;			/* replies outstanding from a cut-short run */
 	bool		ever_connected;
+	int			commands;		/* probed commands it knows (bit mask), or
+								 * RL_COMMANDS_UNKNOWN / _REFUSED */
+	char	   *commands_refusal;	/* when refused: the error, for messages */
 	struct RLConn *next;
 };
 
 static RLConn *conn_list = NULL;
+
+/* Commands every handshake asks about (rl_probe_commands); 0: none */
+static const char *const *probe_names = NULL;
+static int	probe_n = 0;
 
 /* Credentials that replace the settings' (the watchdog worker's per target) */
 static bool credentials_set = false;
@@ -70,6 +77,7 @@ typedef struct RunConn
 	bool		reused;			/* connection was open before this run */
 	bool		wrote;			/* some bytes were written this run */
 	bool		asked;			/* the next call's ASKING reply was consumed */
+	bool		probing;		/* the handshake's last command is the probe */
 	bool		failed;
 	RLFailure	failure;
 	char	   *reason;			/* detail of the failure */
@@ -370,6 +378,7 @@ rl_conn_for(const RLEndpoint *ep, bool subscriber)
 	c->secret = pstrdup(secret);
 	c->label = rl_endpoint_label(ep);
 	c->subscriber = subscriber;
+	c->commands = RL_COMMANDS_UNKNOWN;
 	c->next = conn_list;
 	conn_list = c;
 	MemoryContextSwitchTo(old);
@@ -399,6 +408,13 @@ rl_conn_close(RLConn *conn)
 		wes_invalidate();
 	}
 	conn->busy = false;
+	/* the next connection may reach another server: it asks again */
+	conn->commands = RL_COMMANDS_UNKNOWN;
+	if (conn->commands_refusal != NULL)
+	{
+		pfree(conn->commands_refusal);
+		conn->commands_refusal = NULL;
+	}
 }
 
 /* Close every cached connection, command and subscriber (at backend exit) */
@@ -583,6 +599,113 @@ start_connect(RunConn *rc, TimestampTz now)
 	argvlen[2] = strlen(buf);
 	append_argv(rc, 3, argv, argvlen);
 	rc->handshake++;
+
+	/*
+	 * What the server offers, asked last (its reply is told apart by that),
+	 * unless the run itself starts with that question
+	 */
+	rc->probing = false;
+	if (probe_n > 0 && !conn->subscriber && !conn->ep.sentinel &&
+		!(rc->nsinks > 0 && rc->sinks[0]->probe))
+	{
+		const char *pargv[2 + RL_MAX_PROBED];
+		size_t		pargvlen[2 + RL_MAX_PROBED];
+		int			i;
+
+		pargv[0] = "COMMAND";
+		pargv[1] = "INFO";
+		for (i = 0; i < probe_n; i++)
+			pargv[2 + i] = probe_names[i];
+		for (i = 0; i < 2 + probe_n; i++)
+			pargvlen[i] = strlen(pargv[i]);
+		append_argv(rc, 2 + probe_n, pargv, pargvlen);
+		rc->handshake++;
+		rc->probing = true;
+	}
+}
+
+/*
+ * Remember what a COMMAND INFO probe answered about the server behind conn:
+ * an array with one entry per name, nil for a command it does not know.
+ */
+static void
+note_commands(RLConn *conn, RLReply *r)
+{
+	const char *refusal = NULL;
+	int			known = 0;
+
+	if (conn->commands_refusal != NULL)
+	{
+		pfree(conn->commands_refusal);
+		conn->commands_refusal = NULL;
+	}
+	if (r->type == REDIS_REPLY_ERROR)
+		refusal = r->str;
+	else if (r->type != REDIS_REPLY_ARRAY || r->elements != (size_t) probe_n)
+		refusal = "unexpected reply to COMMAND INFO";
+	else
+	{
+		int			i;
+
+		for (i = 0; i < probe_n; i++)
+			if (r->element[i]->type == REDIS_REPLY_ARRAY &&
+				r->element[i]->elements > 0)
+				known |= 1 << i;
+	}
+	if (refusal != NULL)
+	{
+		conn->commands = RL_COMMANDS_REFUSED;
+		conn->commands_refusal = MemoryContextStrdup(TopMemoryContext, refusal);
+	}
+	else
+		conn->commands = known;
+}
+
+/*
+ * From now on, ask every new connection in its handshake which of these
+ * commands its server knows (names must live for good; n = 0: stop asking).
+ */
+void
+rl_probe_commands(const char *const *names, int n)
+{
+	Assert(n <= RL_MAX_PROBED);
+	probe_names = names;
+	probe_n = n;
+}
+
+/* Make call the probe question (COMMAND INFO of the probed names) for conn */
+void
+rl_call_probe(RLCall *call, RLConn *conn)
+{
+	int			i;
+
+	Assert(probe_n > 0);
+	rl_call_set(call, conn, 0, NULL, NULL);
+	rl_call_arg(call, "COMMAND", 7);
+	rl_call_arg(call, "INFO", 4);
+	for (i = 0; i < probe_n; i++)
+		rl_call_arg(call, probe_names[i], strlen(probe_names[i]));
+	call->probe = true;
+}
+
+/*
+ * Which probed commands the server behind conn knows (bit i: names[i]), or
+ * RL_COMMANDS_UNKNOWN, or RL_COMMANDS_REFUSED with *refusal set to why.
+ * What a connection learnt holds while it lives: one that the next round
+ * trip would not reuse (broken meanwhile -- the server restarted, maybe as
+ * another version --, left mid-reply, or made under old settings) is
+ * closed here, and knows nothing.
+ */
+int
+rl_conn_commands(RLConn *conn, const char **refusal)
+{
+	if (conn->stream != NULL && !conn->subscriber &&
+		(conn->busy || conn->generation != rl_settings_generation ||
+		 rl_stream_has_unsent(conn->stream) || has_unasked_bytes(conn)))
+		rl_conn_close(conn);
+	if (refusal != NULL)
+		*refusal = conn->commands_refusal;
+	return conn->commands;
 }
 
 /* Check one handshake reply; the error never shows the password */
@@ -650,7 +773,11 @@ drain_replies(RunConn *rc)
 		if (rc->handshake > 0)
 		{
 			rc->handshake--;
-			check_handshake(rc, r);
+			/* the probe comes last; a refusal of it is only noted */
+			if (rc->handshake == 0 && rc->probing)
+				note_commands(rc->conn, r);
+			else
+				check_handshake(rc, r);
 			continue;
 		}
 		else
@@ -683,6 +810,8 @@ drain_replies(RunConn *rc)
 						 pstrdup(r->str));
 				return;
 			}
+			if (call->probe)
+				note_commands(rc->conn, r);
 			call->reply = r;
 			rc->next++;
 		}
@@ -762,6 +891,7 @@ static const char *const failure_message[] = {
 	[RL_FAIL_PARSE] = gettext_noop("could not parse a reply from Redis at %s"),
 	[RL_FAIL_LOCAL] = gettext_noop("could not talk to Redis at %s"),
 	[RL_FAIL_ROUTE] = gettext_noop("could not find the Redis node for key \"%s\""),
+	[RL_FAIL_UNSUPPORTED] = gettext_noop("Redis at %s does not offer the commands of locks without Lua scripts"),
 };
 
 static const char *const failure_hint[] = {
@@ -775,6 +905,7 @@ static const char *const failure_hint[] = {
 	[RL_FAIL_RECEIVE] = gettext_noop("Check that Redis is running."),
 	[RL_FAIL_TIMEOUT] = gettext_noop("Check redis_lock.command_timeout and that Redis is running."),
 	[RL_FAIL_ROUTE] = gettext_noop("Check redis_lock.url, redis_lock.sentinels and redis_lock.sentinel_master, or redis_lock.cluster."),
+	[RL_FAIL_UNSUPPORTED] = gettext_noop("Use Valkey 9.0 or Redis 8.4 or later there, or set redis_lock.scripting = on."),
 };
 
 /* What a failure names: the server, or for RL_FAIL_ROUTE the key */
@@ -874,6 +1005,7 @@ queue_run(RunConn *rc, TimestampTz now)
 	rc->connecting = false;
 	rc->failed = false;
 	rc->asked = false;
+	rc->probing = false;
 	rc->reused = conn->stream != NULL;
 	rc->deadline = TimestampTzPlusMilliseconds(now, rc->timeout_ms);
 	if (conn->stream == NULL)
@@ -1346,6 +1478,7 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 	call->key = NULL;
 	call->keylen = 0;
 	call->follows = false;
+	call->probe = false;
 	call->asking = false;
 	call->extra_ms = 0;
 	call->argc = argc;

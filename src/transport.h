@@ -60,7 +60,9 @@ typedef enum RLFailure
 	RL_FAIL_TIMEOUT,			/* no reply in time */
 	RL_FAIL_PARSE,				/* a reply that is not RESP, or too large */
 	RL_FAIL_LOCAL,				/* out of memory or sockets here */
-	RL_FAIL_ROUTE				/* no node known for the key */
+	RL_FAIL_ROUTE,				/* no node known for the key */
+	RL_FAIL_UNSUPPORTED			/* the server lacks commands we need: not
+								 * sent (the layer above decides) */
 } RLFailure;
 
 /*
@@ -74,8 +76,13 @@ typedef struct RLCall
 	const char *key;			/* the key it is about, to re-route it when
 								 * its node fails; NULL: not re-routed */
 	size_t		keylen;
-	bool		follows;		/* sent again whenever the call before it is
-								 * (WAIT after a script) */
+	bool		follows;		/* belongs with the call before it: a group
+								 * (one call and those that follow it) is
+								 * sent, redirected and sent again whole,
+								 * e.g. MULTI ... EXEC, or WAIT after a
+								 * script */
+	bool		probe;			/* asks which of the probed commands the
+								 * server knows (rl_call_probe) */
 	bool		asking;			/* send ASKING first (cluster slot migration) */
 	int			extra_ms;		/* the command itself waits this long (WAIT) */
 	int			argc;
@@ -132,5 +139,31 @@ extern bool rl_wait_for_any_message(RLConn **subs, int n,
 									long timeout_ms);
 
 extern bool rl_reply_is_error(RLReply *r, const char *prefix);
+
+/* Calls in the group that starts at calls[i] (see RLCall.follows) */
+static inline int
+rl_group_len(const RLCall *calls, int ncalls, int i)
+{
+	int			n = 1;
+
+	while (i + n < ncalls && calls[i + n].follows)
+		n++;
+	return n;
+}
+
+/*
+ * What the server behind a connection offers, learnt with COMMAND INFO:
+ * which of the names given to rl_probe_commands it knows, bit i for
+ * names[i].  Every connection made once names are set asks in its
+ * handshake (no round trip of its own); rl_call_probe asks on one that
+ * never did.  A connection keeps what it learnt until its next handshake.
+ */
+#define RL_COMMANDS_UNKNOWN		(-1)	/* never learnt for this connection */
+#define RL_COMMANDS_REFUSED		(-2)	/* COMMAND INFO got an error */
+#define RL_MAX_PROBED			8
+
+extern void rl_probe_commands(const char *const *names, int n);
+extern void rl_call_probe(RLCall *call, RLConn *conn);
+extern int	rl_conn_commands(RLConn *conn, const char **refusal);
 
 #endif							/* RL_TRANSPORT_H */

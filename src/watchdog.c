@@ -358,6 +358,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->st.dbid = MyDatabaseId;
 	s->target = tidx;
 	s->st.protocol = names->protocol;
+	s->st.script_free = names->script_free;
 	s->st.watchdog = false;
 	s->st.lost = false;
 	s->st.session_holds = s->st.xact_holds = 0;
@@ -624,6 +625,7 @@ typedef struct Job
 	uint32		generation;
 	int			target;
 	RLProtocol	protocol;
+	bool		script_free;
 	int64		lease_ms;
 	TimestampTz due;			/* renew: last renewal + lease/3, the latest
 								 * moment to send it; release: now */
@@ -1036,6 +1038,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 
 		/* the fence counter is not touched by renew or release */
 		rl_names_from_key(&names[k], j->protocol, "", j->key, CurrentMemoryContext);
+		names[k].script_free = j->script_free;
 		strlcpy(names[k].owner, j->owner, sizeof(names[k].owner));
 		ops[k].kind = j->kind == JOB_RENEW ? RL_OP_RENEW : RL_OP_RELEASE;
 		ops[k].target = t;
@@ -1323,6 +1326,7 @@ worker_cycle(void)
 		j->generation = s->generation;
 		j->target = s->target;
 		j->protocol = s->st.protocol;
+		j->script_free = s->st.script_free;
 		j->lease_ms = s->st.lease_ms;
 		j->due = due;
 		j->horizon = s->horizon != 0 ? s->horizon :

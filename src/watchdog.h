@@ -22,6 +22,8 @@ typedef struct RLLockState
 	int			pid;
 	Oid			dbid;
 	RLProtocol	protocol;
+	bool		script_free;	/* taken without Lua scripts: renewed and
+								 * released without them too */
 	bool		watchdog;
 	bool		lost;
 	int			session_holds;

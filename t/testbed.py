@@ -113,17 +113,19 @@ def _as_pg_user(cmd):
 
 
 class Redis:
-    """One redis-server process (no persistence unless asked)."""
+    """One redis-server process (no persistence unless asked); server: the
+    binary, REDIS_SERVER unless given (e.g. from scripts/get-server)."""
 
-    def __init__(self, port=None, args=(), workdir=None, password=None):
+    def __init__(self, port=None, args=(), workdir=None, password=None, server=None):
         self.port = port or free_port()
         self.dir = workdir or tempfile.mkdtemp(prefix="rl-redis-")
         self.args = list(args)
         self.password = password
+        self.server = server or REDIS_SERVER
         self.proc = None
 
     def start(self, timeout=10):
-        cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+        cmd = [self.server, "--port", str(self.port), "--bind", "127.0.0.1",
                "--save", "", "--appendonly", "no", "--dir", self.dir,
                "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")]
         if self.password:
@@ -190,8 +192,9 @@ class Sentinel(Redis):
     """A redis-sentinel watching one master (its config file is rewritten
     by Sentinel itself, so it lives in the instance's own directory)."""
 
-    def __init__(self, master_port, name="mymaster", quorum=2, down_after_ms=1000):
-        super().__init__()
+    def __init__(self, master_port, name="mymaster", quorum=2, down_after_ms=1000,
+                 server=None):
+        super().__init__(server=server)
         self.conf = os.path.join(self.dir, "sentinel.conf")
         with open(self.conf, "w") as f:
             f.write("port %d\nbind 127.0.0.1\ndir %s\n"
@@ -204,7 +207,7 @@ class Sentinel(Redis):
 
     def start(self, timeout=10):
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, self.conf, "--sentinel", "--logfile",
+            [self.server, self.conf, "--sentinel", "--logfile",
              os.path.join(self.dir, "sentinel.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if self not in _started:
