@@ -29,6 +29,11 @@
  * Several RLocks as one (RedissonMultiLock), KEYS = KEY[,KEY...]:
  * multilock KEYS [LEASE_MS]; multitrylock KEYS WAIT_MS LEASE_MS;
  * multiunlock KEYS.
+ * Timing (bench/run's latency section): cycles KEY N LEASE_MS runs N
+ * acquire+release cycles of the RLock KEY on the calling thread, lock() and
+ * unlock() when LEASE_MS is -1 (the watchdog's lease), else tryLock(0,
+ * LEASE_MS ms) and unlock(); it answers "ACQUIRE_US RELEASE_US", the median
+ * time of each call in microseconds (System.nanoTime around the call alone).
  */
 package peer;
 
@@ -37,6 +42,7 @@ import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.time.Instant;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -205,6 +211,8 @@ public final class Peer {
                 multiLock(key).unlock();
                 return true;
             // README: end
+            case "cycles":
+                return cycles(key, Integer.parseInt(f[4]), Long.parseLong(f[5]));
             case "rwforceunlock":
                 return rwLock(f[3], f[4]).forceUnlock();
             case "rwheld":
@@ -218,6 +226,33 @@ public final class Peer {
             default:
                 throw new IllegalArgumentException("unknown op " + op);
         }
+    }
+
+    /* N timed acquire+release cycles; the medians of each call, in us */
+    private String cycles(String key, int n, long leaseMs) throws InterruptedException {
+        RLock lock = redisson.getLock(key);
+        long[] acquire = new long[n];
+        long[] release = new long[n];
+        for (int i = 0; i < n; i++) {
+            long t0 = System.nanoTime();
+            if (leaseMs < 0)
+                lock.lock();
+            else if (!lock.tryLock(0, leaseMs, TimeUnit.MILLISECONDS))
+                throw new IllegalStateException("lock " + key + " is not free");
+            long t1 = System.nanoTime();
+            lock.unlock();
+            long t2 = System.nanoTime();
+            acquire[i] = t1 - t0;
+            release[i] = t2 - t1;
+        }
+        return median(acquire) + " " + median(release);
+    }
+
+    private static double median(long[] ns) {
+        long[] s = ns.clone();
+        Arrays.sort(s);
+        int m = s.length / 2;
+        return (s.length % 2 == 1 ? s[m] : (s[m - 1] + s[m]) / 2.0) / 1000.0;
     }
 
     /* one RedissonMultiLock of the RLocks named in keys (comma-separated) */
