@@ -3,12 +3,14 @@
  * RFencedLock) and a hand-written Jedis lock, driven line by line from
  * pytest (t/peers.py, JavaPeer), like redlock_peer.js and the Go redsync peer.
  *
- *   java -cp ... peer.Peer single PORT WATCHDOG_MS
+ *   java -cp ... peer.Peer single PORT[,PORT...] WATCHDOG_MS
  *   java -cp ... peer.Peer cluster PORT[,PORT...] WATCHDOG_MS
  *   java -cp ... peer.Peer replicated MASTER_PORT,REPLICA_PORT... WATCHDOG_MS
  *
  * A fourth argument "rediss" makes Redisson speak TLS (trust store from the
- * JVM's javax.net.ssl.trustStore).
+ * JVM's javax.net.ssl.trustStore).  In single mode, each further PORT gets a
+ * RedissonClient of its own, used only by the cycles op (one JVM instead of
+ * one per server); every other op uses the first.
  *
  * Redisson's locks belong to a thread, so every command names a thread of
  * the peer ("a", "b", ...): it runs on that thread, in order, and a command
@@ -29,8 +31,9 @@
  * Several RLocks as one (RedissonMultiLock), KEYS = KEY[,KEY...]:
  * multilock KEYS [LEASE_MS]; multitrylock KEYS WAIT_MS LEASE_MS;
  * multiunlock KEYS.
- * Timing (bench/run's latency section): cycles KEY N LEASE_MS runs N
- * acquire+release cycles of the RLock KEY on the calling thread, lock() and
+ * Timing (bench/run's latency section): cycles KEY N LEASE_MS [CLIENT] runs
+ * N acquire+release cycles of the RLock KEY on the calling thread, with the
+ * RedissonClient of the CLIENT-th PORT (from 0; default 0), lock() and
  * unlock() when LEASE_MS is -1 (the watchdog's lease), else tryLock(0,
  * LEASE_MS ms) and unlock(); it answers "ACQUIRE_US RELEASE_US", the median
  * time of each call in microseconds (System.nanoTime around the call alone).
@@ -42,6 +45,7 @@ import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.time.Instant;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
@@ -64,12 +68,14 @@ import redis.clients.jedis.params.SetParams;
 
 public final class Peer {
     private final RedissonClient redisson;
+    private final List<RedissonClient> clients;
     private final JedisPool jedis;
     private final PrintStream out;
     private final Map<String, ExecutorService> threads = new ConcurrentHashMap<>();
 
-    private Peer(RedissonClient redisson, JedisPool jedis, PrintStream out) {
-        this.redisson = redisson;
+    private Peer(List<RedissonClient> clients, JedisPool jedis, PrintStream out) {
+        this.redisson = clients.get(0);
+        this.clients = clients;
         this.jedis = jedis;
         this.out = out;
     }
@@ -97,9 +103,16 @@ public final class Peer {
         }
         RedissonClient redisson = Redisson.create(config);
         // README: end
+        List<RedissonClient> clients = new ArrayList<>(List.of(redisson));
+        for (int i = 1; mode.equals("single") && i < ports.length; i++) {
+            Config more = new Config();
+            more.setLockWatchdogTimeout(watchdogMs);
+            more.useSingleServer().setAddress(scheme + ports[i]);
+            clients.add(Redisson.create(more));
+        }
         JedisPool jedis = new JedisPool("127.0.0.1", Integer.parseInt(ports[0]), scheme.startsWith("rediss"));
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
-        new Peer(redisson, jedis, out).serve();
+        new Peer(clients, jedis, out).serve();
     }
 
     private void serve() throws Exception {
@@ -118,7 +131,8 @@ public final class Peer {
                 return t;
             })).submit(() -> run(id, f));
         }
-        redisson.shutdown(0, 2, TimeUnit.SECONDS);
+        for (RedissonClient c : clients)
+            c.shutdown(0, 2, TimeUnit.SECONDS);
         jedis.close();
         System.exit(0);
     }
@@ -212,7 +226,8 @@ public final class Peer {
                 return true;
             // README: end
             case "cycles":
-                return cycles(key, Integer.parseInt(f[4]), Long.parseLong(f[5]));
+                return cycles(clients.get(f.length > 6 ? Integer.parseInt(f[6]) : 0), key,
+                              Integer.parseInt(f[4]), Long.parseLong(f[5]));
             case "rwforceunlock":
                 return rwLock(f[3], f[4]).forceUnlock();
             case "rwheld":
@@ -229,8 +244,9 @@ public final class Peer {
     }
 
     /* N timed acquire+release cycles; the medians of each call, in us */
-    private String cycles(String key, int n, long leaseMs) throws InterruptedException {
-        RLock lock = redisson.getLock(key);
+    private static String cycles(RedissonClient client, String key, int n, long leaseMs)
+            throws InterruptedException {
+        RLock lock = client.getLock(key);
         long[] acquire = new long[n];
         long[] release = new long[n];
         for (int i = 0; i < n; i++) {
