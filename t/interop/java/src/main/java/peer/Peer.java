@@ -3,12 +3,14 @@
  * RFencedLock) and a hand-written Jedis lock, driven line by line from
  * pytest (t/peers.py, JavaPeer), like redlock_peer.js and the Go redsync peer.
  *
- *   java -cp ... peer.Peer single PORT WATCHDOG_MS
+ *   java -cp ... peer.Peer single PORT[,PORT...] WATCHDOG_MS
  *   java -cp ... peer.Peer cluster PORT[,PORT...] WATCHDOG_MS
  *   java -cp ... peer.Peer replicated MASTER_PORT,REPLICA_PORT... WATCHDOG_MS
  *
  * A fourth argument "rediss" makes Redisson speak TLS (trust store from the
- * JVM's javax.net.ssl.trustStore).
+ * JVM's javax.net.ssl.trustStore).  In single mode, each further PORT gets a
+ * RedissonClient of its own, used only by the cycles op (one JVM instead of
+ * one per server); every other op uses the first.
  *
  * Redisson's locks belong to a thread, so every command names a thread of
  * the peer ("a", "b", ...): it runs on that thread, in order, and a command
@@ -29,6 +31,12 @@
  * Several RLocks as one (RedissonMultiLock), KEYS = KEY[,KEY...]:
  * multilock KEYS [LEASE_MS]; multitrylock KEYS WAIT_MS LEASE_MS;
  * multiunlock KEYS.
+ * Timing (bench/run's latency section): cycles KEY N LEASE_MS [CLIENT] runs
+ * N acquire+release cycles of the RLock KEY on the calling thread, with the
+ * RedissonClient of the CLIENT-th PORT (from 0; default 0), lock() and
+ * unlock() when LEASE_MS is -1 (the watchdog's lease), else tryLock(0,
+ * LEASE_MS ms) and unlock(); it answers "ACQUIRE_US RELEASE_US", the median
+ * time of each call in microseconds (System.nanoTime around the call alone).
  */
 package peer;
 
@@ -37,6 +45,8 @@ import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -58,12 +68,14 @@ import redis.clients.jedis.params.SetParams;
 
 public final class Peer {
     private final RedissonClient redisson;
+    private final List<RedissonClient> clients;
     private final JedisPool jedis;
     private final PrintStream out;
     private final Map<String, ExecutorService> threads = new ConcurrentHashMap<>();
 
-    private Peer(RedissonClient redisson, JedisPool jedis, PrintStream out) {
-        this.redisson = redisson;
+    private Peer(List<RedissonClient> clients, JedisPool jedis, PrintStream out) {
+        this.redisson = clients.get(0);
+        this.clients = clients;
         this.jedis = jedis;
         this.out = out;
     }
@@ -91,9 +103,16 @@ public final class Peer {
         }
         RedissonClient redisson = Redisson.create(config);
         // README: end
+        List<RedissonClient> clients = new ArrayList<>(List.of(redisson));
+        for (int i = 1; mode.equals("single") && i < ports.length; i++) {
+            Config more = new Config();
+            more.setLockWatchdogTimeout(watchdogMs);
+            more.useSingleServer().setAddress(scheme + ports[i]);
+            clients.add(Redisson.create(more));
+        }
         JedisPool jedis = new JedisPool("127.0.0.1", Integer.parseInt(ports[0]), scheme.startsWith("rediss"));
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
-        new Peer(redisson, jedis, out).serve();
+        new Peer(clients, jedis, out).serve();
     }
 
     private void serve() throws Exception {
@@ -112,7 +131,8 @@ public final class Peer {
                 return t;
             })).submit(() -> run(id, f));
         }
-        redisson.shutdown(0, 2, TimeUnit.SECONDS);
+        for (RedissonClient c : clients)
+            c.shutdown(0, 2, TimeUnit.SECONDS);
         jedis.close();
         System.exit(0);
     }
@@ -205,6 +225,9 @@ public final class Peer {
                 multiLock(key).unlock();
                 return true;
             // README: end
+            case "cycles":
+                return cycles(clients.get(f.length > 6 ? Integer.parseInt(f[6]) : 0), key,
+                              Integer.parseInt(f[4]), Long.parseLong(f[5]));
             case "rwforceunlock":
                 return rwLock(f[3], f[4]).forceUnlock();
             case "rwheld":
@@ -218,6 +241,34 @@ public final class Peer {
             default:
                 throw new IllegalArgumentException("unknown op " + op);
         }
+    }
+
+    /* N timed acquire+release cycles; the medians of each call, in us */
+    private static String cycles(RedissonClient client, String key, int n, long leaseMs)
+            throws InterruptedException {
+        RLock lock = client.getLock(key);
+        long[] acquire = new long[n];
+        long[] release = new long[n];
+        for (int i = 0; i < n; i++) {
+            long t0 = System.nanoTime();
+            if (leaseMs < 0)
+                lock.lock();
+            else if (!lock.tryLock(0, leaseMs, TimeUnit.MILLISECONDS))
+                throw new IllegalStateException("lock " + key + " is not free");
+            long t1 = System.nanoTime();
+            lock.unlock();
+            long t2 = System.nanoTime();
+            acquire[i] = t1 - t0;
+            release[i] = t2 - t1;
+        }
+        return median(acquire) + " " + median(release);
+    }
+
+    private static double median(long[] ns) {
+        long[] s = ns.clone();
+        Arrays.sort(s);
+        int m = s.length / 2;
+        return (s.length % 2 == 1 ? s[m] : (s[m - 1] + s[m]) / 2.0) / 1000.0;
     }
 
     /* one RedissonMultiLock of the RLocks named in keys (comma-separated) */
