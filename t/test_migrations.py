@@ -60,8 +60,11 @@ def _need(path):
 
 class Tool:
     """One migration tool: how to run it against a database, all pending
-    migrations or only the first."""
+    migrations or only the first; how it ends when a migration fails."""
     name = protocol = None
+    failure_code = 1            # its exit code when a migration fails
+    also_after_tx_failure = None    # what else it reports after the migration's error
+    reverts_run_on_failure = False  # a failure undoes what the same run deployed
 
     def command(self, port, db, first_only):
         raise NotImplementedError
@@ -121,6 +124,9 @@ class Alembic(Tool):
 
 class GolangMigrate(Tool):
     name, protocol = "golang-migrate", "simple"
+    # after a failed statement inside BEGIN, migrate's own advisory unlock on
+    # the same connection fails too ("current transaction is aborted")
+    also_after_tx_failure = "pg_advisory_unlock"
     dir = os.path.join(MIGRATIONS, "golang-migrate")
 
     def command(self, port, db, first_only):
@@ -133,6 +139,8 @@ class GolangMigrate(Tool):
 
 class Sqitch(Tool):
     name, protocol = "sqitch", "simple"
+    failure_code = 2
+    reverts_run_on_failure = True   # --mode all, the default: revert/*.sql run
     dir = os.path.join(MIGRATIONS, "sqitch")
 
     def command(self, port, db, first_only):
@@ -375,8 +383,8 @@ def service_snapshot(pg, db):
     return c
 
 
-def assert_own_error(code, out, error):
-    assert code != 0, out
+def assert_own_error(tool, code, out, error):
+    assert code == tool.failure_code, out
     assert error in out, out
     assert "Redis" not in out, "a lock error in the tool's output:\n" + out
 
@@ -478,7 +486,10 @@ def test_failing_transactional_migration_reports_its_error_and_frees_the_lock(
         result = service.wait_for_it(lambda: None)
         blocker.commit()            # the ALTER TABLE goes on, and fails
         code, out = run.finish()
-        assert_own_error(code, out, 'column "total_cents" of relation "orders" already exists')
+        own = 'column "total_cents" of relation "orders" already exists'
+        assert_own_error(tool, code, out, own)
+        if tool.also_after_tx_failure:
+            assert out.index(own) < out.index(tool.also_after_tx_failure), out
         got, _ = result()
         assert got is True          # the service waiting for the migration got the lock
         service.release()
@@ -493,7 +504,10 @@ def test_failing_non_transactional_migration_reports_its_error_and_frees_the_loc
     set_for_database(pg, db, "log_statement", "all")
     log_from = len(pg.log_text())
     code, out = tool.run(pg, db)
-    assert_own_error(code, out, 'relation "orders_customer_idx" already exists')
+    assert_own_error(tool, code, out, 'relation "orders_customer_idx" already exists')
+    # the first migration stays, unless the tool reverts what this run did
+    # (sqitch, whose revert script takes the lock too)
+    assert backfilled(pg, db) == (None if tool.reverts_run_on_failure else 0)
     # released by the migration itself (Alembic's finally), or with the
     # tool's connection when the tool stops at the error
     testbed.wait_until(lambda: rc.exists(LOCK) == 0, 10, what="the lock to be free")

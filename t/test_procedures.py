@@ -10,14 +10,20 @@ transaction back; what earlier COMMITs made durable stays).  Also through a
 transaction-pooling PgBouncer, for a role with redis_lock.session_locks =
 off.
 
+The README's procedure, archive_orders, takes a service's lock one batch
+at a time; with a fair lock (Redisson's RFairLock in the real service) the
+service gets its turn between two batches.
+
 The procedures stop at gates the test opens (an advisory lock the test
-holds), so the state of Redis is looked at from outside while the
-procedure is between two of its transactions."""
+holds; archive_orders at each INSERT, through a trigger), so the state of
+Redis is looked at from outside while the procedure is between two of its
+transactions."""
 import threading
 
 import psycopg2
 import pytest
 
+from peers import REDISSON_LINES, JavaPeer
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -28,47 +34,65 @@ BEGIN
   PERFORM pg_advisory_unlock_shared(n);
 END $$;
 
-CREATE TABLE batches (n int);
+CREATE TABLE batches (seq bigserial, n int);
 
--- the shape of a batch job: a lock for the whole job, one per batch
-CREATE PROCEDURE batch_job() LANGUAGE plpgsql AS $$
+-- the README's procedure; the test stops it at each INSERT (trigger below)
+-- README: archive-orders
+CREATE PROCEDURE archive_orders() LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM redis_lock_acquire('job');                    -- session: the whole job
-  PERFORM redis_lock_acquire('job', xact => true);      -- and a hold in batch 1
-  PERFORM redis_lock_acquire('batch:1', xact => true);
-  INSERT INTO batches VALUES (1);
+  -- the whole job: session-scoped, it survives the COMMITs below
+  PERFORM redis_lock_acquire('archive');
+  FOR batch IN 1..3 LOOP
+    -- the service's lock, one batch at a time: the COMMIT releases it,
+    -- and the service gets its turn between two batches
+    PERFORM redis_lock_acquire('orders:export', xact => true);
+    INSERT INTO batches (n) VALUES (batch);
+    COMMIT;
+  END LOOP;
+  PERFORM redis_lock_release('archive');
+END $$;
+-- README: end
+
+CREATE FUNCTION gate_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.n BETWEEN 1 AND 9 THEN
+    PERFORM gate(NEW.n);
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER gates AFTER INSERT ON batches FOR EACH ROW EXECUTE FUNCTION gate_on_insert();
+
+CREATE PROCEDURE rolled_back_batch() LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM redis_lock_acquire('job');
+  PERFORM redis_lock_acquire('job', xact => true);
+  PERFORM redis_lock_acquire('batch', xact => true);
   PERFORM gate(1);
-  COMMIT;                                               -- batch 1 done
+  ROLLBACK;
   PERFORM gate(2);
-  PERFORM redis_lock_acquire('batch:2', xact => true);
-  INSERT INTO batches VALUES (2);
-  ROLLBACK;                                             -- batch 2 given up
-  PERFORM gate(3);
-  PERFORM redis_lock_acquire('batch:3', xact => true);
-  INSERT INTO batches VALUES (3);
 END $$;
 
 CREATE PROCEDURE verified_batches() LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM redis_lock_acquire('vbatch:1', xact => true);
-  INSERT INTO batches VALUES (1);
+  INSERT INTO batches (n) VALUES (11);
   COMMIT;
   PERFORM redis_lock_acquire('vbatch:2', xact => true);
   PERFORM redis_lock_acquire('vbatch:2b', xact => true);
-  INSERT INTO batches VALUES (2);
+  INSERT INTO batches (n) VALUES (12);
   PERFORM gate(1);                                      -- vbatch:2 is taken from us here
   COMMIT;
-  INSERT INTO batches VALUES (3);
+  INSERT INTO batches (n) VALUES (13);
 END $$;
 
 CREATE PROCEDURE pooled_batches() LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM redis_lock_acquire('pbatch:1', xact => true);
-  INSERT INTO batches VALUES (1);
+  INSERT INTO batches (n) VALUES (11);
   COMMIT;
   PERFORM gate(1);
   PERFORM redis_lock_acquire('pbatch:2', xact => true);
-  INSERT INTO batches VALUES (2);
+  INSERT INTO batches (n) VALUES (12);
 END $$;
 
 CREATE PROCEDURE pooled_session_lock() LANGUAGE plpgsql AS $$
@@ -87,7 +111,7 @@ def procs(pg):
         cur.execute("DROP ROLE IF EXISTS pooled")
         cur.execute("CREATE ROLE pooled LOGIN")
         cur.execute("ALTER ROLE pooled SET redis_lock.session_locks = off")
-        cur.execute("GRANT ALL ON batches TO pooled")
+        cur.execute("GRANT ALL ON batches, batches_seq_seq TO pooled")
     c.close()
 
 
@@ -161,35 +185,71 @@ def batches(pg):
         c.close()
 
 
-def test_inner_commit_and_rollback_release_transaction_locks_session_locks_stay(
-        clean, pg, rc, sessions):
-    s = sessions()
+@pytest.fixture(scope="module")
+def java(redis_srv):
+    peer = JavaPeer([redis_srv.port], line=REDISSON_LINES[-1])
+    yield peer
+    peer.close()
+
+
+def test_the_service_gets_its_turn_between_the_batches_of_a_procedure(
+        clean, pg, rc, sessions, java):
+    """archive_orders (the README's), with a fair lock (Redisson's RFairLock
+    in the service, protocol redisson_fair in SQL): each inner COMMIT
+    releases the service's lock in Redis while the procedure goes on; the
+    service, queued while the batch held it, gets it at that COMMIT, and the
+    procedure's next batch queues behind the service; the job's
+    session-scoped lock stays throughout."""
+    s, service_db = sessions(), pg.connect()
+    s.run("SET redis_lock.protocol = 'redisson_fair'")
+    queue = "redisson_lock_queue:{orders:export}"
     gates = Gates(pg, 3)
     try:
-        done = call_in_thread(s.conn, "CALL batch_job()")
-        gates.reached(1)
-        assert rc.exists("job", "batch:1") == 2
-        gates.open(1)
-        # after COMMIT, the procedure going on: batch 1's lock is free in
-        # Redis (a service takes it), the job's session lock is not
-        gates.reached(2)
-        assert rc.exists("batch:1") == 0 and rc.exists("job") == 1
-        service = rc.lock("batch:1", timeout=30)
-        assert service.acquire(blocking=False)
-        service.release()
-        assert rc.lock("job", timeout=30).acquire(blocking=False) is False
-        gates.open(2)
-        # after ROLLBACK: batch 2's lock is free too
-        gates.reached(3)
-        assert rc.exists("batch:2") == 0 and rc.exists("job") == 1
-        gates.open(3)
+        done = call_in_thread(s.conn, "CALL archive_orders()")
+        for batch in (1, 2, 3):
+            gates.reached(batch)
+            assert rc.exists("archive", "orders:export") == 2
+            # the service asks for its lock while the batch holds it, and queues
+            assert java.call("svc", "fairtrylock", "orders:export", 0, -1) is False
+            turn = java.send("svc", "fairlock", "orders:export")
+            testbed.wait_until(lambda: rc.llen(queue) == 1, 10, what="the service to queue")
+            gates.open(batch)       # the batch COMMITs
+            assert java.result(turn, 30 * S)[0] is True
+            if batch < 3:           # after the last, the procedure releases it
+                assert rc.exists("archive") == 1
+                # the next batch waits for the service, in the queue
+                testbed.wait_until(lambda: rc.llen(queue) == 1, 10,
+                                   what="the next batch to queue behind the service")
+            with service_db.cursor() as cur:
+                cur.execute("INSERT INTO batches (n) VALUES (%s)", (100 + batch,))
+            assert java.call("svc", "fairunlock", "orders:export") is True
         assert done() is None
     finally:
         gates.close()
-    # batch 3's lock went at the CALL's own COMMIT; the job's stays the session's
-    assert rc.exists("batch:1", "batch:2", "batch:3") == 0
+        service_db.close()
+    assert rc.exists("archive", "orders:export") == 0
+    assert held(s.conn) == []
+    with s.conn.cursor() as cur:
+        cur.execute("SELECT array_agg(n ORDER BY seq) FROM batches")
+        assert cur.fetchone()[0] == [1, 101, 2, 102, 3, 103]
+
+
+def test_inner_rollback_releases_transaction_locks_session_locks_stay(
+        clean, pg, rc, sessions):
+    s = sessions()
+    gates = Gates(pg, 2)
+    try:
+        done = call_in_thread(s.conn, "CALL rolled_back_batch()")
+        gates.reached(1)
+        assert rc.exists("job", "batch") == 2
+        gates.open(1)
+        gates.reached(2)            # after the ROLLBACK, the procedure going on
+        assert rc.exists("batch") == 0 and rc.exists("job") == 1
+        gates.open(2)
+        assert done() is None
+    finally:
+        gates.close()
     assert held(s.conn) == [("job", "session")]
-    assert batches(pg) == [1, 3]
     assert s.run("SELECT redis_lock_release('job')") is True
     assert rc.exists("job") == 0
 
@@ -216,10 +276,10 @@ def test_verify_on_commit_applies_to_each_inner_commit(clean, pg, rc, sessions, 
         assert error is not None and error.pgcode == "40001", error
         assert 'Redis lock "vbatch:2" was lost before COMMIT' in error.pgerror
         assert "at COMMIT" in error.diag.context
-        assert batches(pg) == [1]
+        assert batches(pg) == [11]
     else:
         assert error is None
-        assert batches(pg) == [1, 2, 3]
+        assert batches(pg) == [11, 12, 13]
         assert any("vbatch:2" in n and "lost" in n for n in s.conn.notices[notices_before:]), \
             s.conn.notices
     # never the other client's key deleted, the other lock released, nothing
@@ -254,7 +314,7 @@ def test_procedure_through_a_transaction_pooler(clean, pg, rc, bouncer):
         assert asked() is None and asked.row == 0
         assert rc.exists("pbatch:1", "pbatch:2") == 0
         assert testbed.sql_one(other, "SELECT count(*) FROM redis_lock_held()") == 0
-        assert batches(pg) == [1, 2]
+        assert batches(pg) == [11, 12]
         # a session-scoped lock stays refused inside a procedure too
         with pytest.raises(psycopg2.errors.FeatureNotSupported):
             with c.cursor() as cur:

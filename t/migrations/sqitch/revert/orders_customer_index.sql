@@ -1,3 +1,0 @@
-SELECT redis_lock_acquire('migrate:orders');
-DROP INDEX CONCURRENTLY orders_customer_idx;
-SELECT redis_lock_release('migrate:orders');
