@@ -387,6 +387,8 @@ def assert_own_error(tool, code, out, error):
     assert code == tool.failure_code, out
     assert error in out, out
     assert "Redis" not in out, "a lock error in the tool's output:\n" + out
+    # no second error raised while handling the first (a Python traceback's words)
+    assert "another exception occurred" not in out, out
 
 
 # ================================================================ (a)
