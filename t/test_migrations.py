@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 
+import psycopg2
 import pytest
 
 from peers import REDISSON_LINES, JavaPeer
@@ -546,3 +547,23 @@ def test_flyway_holding_its_own_lock_in_a_transaction_never_builds_the_index(
         run.proc.wait(10)
     testbed.wait_until(lambda: rc.exists(LOCK) == 0, 10,
                        what="the lock to go with the killed tool's session")
+
+
+# ================================================================ with_lock
+
+@pytest.mark.parametrize("tool", [GolangMigrate()], ids=["sql"])
+def test_with_lock_cannot_build_an_index_concurrently(tool, pg, db, rc):
+    """Why the non-transactional migrations release explicitly instead of
+    using redis_lock_with_lock: its query runs inside the calling statement's
+    transaction, where PostgreSQL refuses CREATE INDEX CONCURRENTLY (25001);
+    the error comes back unchanged and the lock is not left behind."""
+    c = pg.connect(dbname=db)
+    try:
+        with pytest.raises(psycopg2.errors.ActiveSqlTransaction) as e:
+            testbed.sql_one(c, "SELECT redis_lock_with_lock('migrate:orders', "
+                            "'CREATE INDEX CONCURRENTLY orders_customer_idx ON orders (customer)')")
+        assert "cannot run inside a transaction block" in str(e.value)
+        assert rc.exists(LOCK) == 0
+        assert testbed.sql_one(c, "SELECT count(*) FROM redis_lock_held()") == 0
+    finally:
+        c.close()
