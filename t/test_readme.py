@@ -1,16 +1,28 @@
-"""The client code in the README is the code the interop tests run.
+"""The client code in the README is the code the interop tests run, and its
+migrations and procedures are the ones t/test_migrations.py and
+t/test_procedures.py run.
 
 A README block introduced by `<!-- snippet: PATH NAME -->` must equal, after
 dedenting, the lines between the comments `README: NAME` and `README: end`
-in PATH; and every such region of the peers is shown in the README."""
+in PATH; and every such region of the peers is shown in the README.
+
+A README block introduced by `<!-- file: PATH -->` must equal the whole
+file PATH; and every migration file of t/migrations/ (the files the tools
+run, and their settings that change how they run) is shown in the README."""
+import glob
 import os
 import re
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["t/test_interop.py", "t/interop/redlock_peer.js", "t/interop/go/main.go",
-           "t/interop/java/src/main/java/peer/Peer.java"]
-MARK = re.compile(r"^\s*(?://|#) README: (\S+)\s*$")
+           "t/interop/java/src/main/java/peer/Peer.java", "t/test_procedures.py"]
+MARK = re.compile(r"^\s*(?://|#|--) README: (\S+)\s*$")
+MIGRATION_FILES = ["t/migrations/flyway/flyway.toml", "t/migrations/flyway/sql/*",
+                   "t/migrations/liquibase/changelog.sql",
+                   "t/migrations/alembic/env.py", "t/migrations/alembic/versions/*.py",
+                   "t/migrations/golang-migrate/migrations/*.sql",
+                   "t/migrations/sqitch/deploy/*.sql", "t/migrations/sqitch/revert/*.sql"]
 
 
 def regions(path):
@@ -46,3 +58,21 @@ def test_every_readme_snippet_is_tested_code():
         shown.add((path, name))
     marked = {(p, n) for p in SOURCES for n in regions(p)}
     assert marked - shown == set(), "marked for the README but not shown"
+
+
+def readme_files():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    return re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.S)
+
+
+def test_every_readme_file_is_the_tested_file():
+    shown = set()
+    for path, block in readme_files():
+        with open(os.path.join(ROOT, path)) as f:
+            assert block == f.read(), "README's %s differs from the file" % path
+        shown.add(path)
+    tested = {os.path.relpath(p, ROOT) for pattern in MIGRATION_FILES
+              for p in glob.glob(os.path.join(ROOT, pattern))}
+    assert len(tested) == 13
+    assert tested - shown == set(), "migration files not shown in the README"

@@ -1,0 +1,6 @@
+-- No BEGIN: CREATE INDEX CONCURRENTLY runs outside a transaction.  A
+-- session-scoped lock, released when the index is built.  If the build
+-- fails, psql stops and the lock goes with its connection.
+SELECT redis_lock_acquire('migrate:orders');
+CREATE INDEX CONCURRENTLY orders_customer_idx ON orders (customer);
+SELECT redis_lock_release('migrate:orders');
