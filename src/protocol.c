@@ -269,8 +269,8 @@ static const char *redisson_extend_lua =
  * expected type, channel, read-write lock channel, fair queue ("": none),
  * fair timeout set, now (Unix ms).  A key of another type is never
  * deleted.  A read-write lock (a hash with a "mode" field) is deleted
- * whatever the protocol, and its waiters are all woken ("1"), as Redisson's
- * forceUnlock of a write lock does.  Under redisson_fair the queue's heads
+ * whatever the protocol, and its waiters are all woken ("1", as Redisson's
+ * forceUnlock of a write lock does, then "0": see rw_write_release_lua).  Under redisson_fair the queue's heads
  * whose time has passed leave it first, as in Redisson's forceUnlock, and
  * the live head is woken on its own channel.
  */
@@ -280,6 +280,7 @@ static const char *force_lua =
 "if t == 'hash' and redis.call('hexists', KEYS[1], 'mode') == 1 then\n"
 "  redis.call('del', KEYS[1])\n"
 "  redis.call(ARGV[1], ARGV[4], '1')\n"
+"  redis.call(ARGV[1], ARGV[4], '0')\n"
 "  return 1\n"
 "end\n"
 "if t ~= ARGV[2] then return {-1, t} end\n"
@@ -427,7 +428,11 @@ static const char *rw_write_acquire_lua =
  * write, release.  KEYS: lock.  ARGV: our writer field, publish command,
  * channel.  Read holds of our own left behind (a downgrade) keep the lock
  * in read mode; either way every waiter is woken, since readers may now
- * proceed.
+ * proceed: "1", as Redisson's write unlock sends, then "0".  Redisson
+ * answers "1" by releasing as many latch permits as threads are asleep on
+ * it, so a thread that found the lock taken but is not asleep yet misses
+ * it and sleeps out the lock's TTL; "0" leaves one permit for such a
+ * thread.
  */
 static const char *rw_write_release_lua =
 "if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
@@ -439,6 +444,7 @@ static const char *rw_write_release_lua =
 "  redis.call('hset', KEYS[1], 'mode', 'read')\n"
 "end\n"
 "redis.call(ARGV[2], ARGV[3], '1')\n"
+"redis.call(ARGV[2], ARGV[3], '0')\n"
 "return 1\n";
 
 /*

@@ -159,3 +159,31 @@ def test_renewing_a_write_hold_never_shortens_a_longer_read_of_its_own(sessions,
     assert a.run("SELECT redis_lock_release_write('dg')") is True
     assert rc.hget("dg", "mode") == b"read" and rc.pttl("dg") > 50000
     assert a.run("SELECT redis_lock_release_read('dg')") is True
+
+
+def test_write_release_sends_1_then_0(sessions, rc):
+    """A write release (and a force release of a read-write lock) publishes
+    "1", as Redisson's write unlock does, then "0": Redisson answers "1" by
+    releasing as many latch permits as threads are asleep on it, so a Java
+    waiter that found the lock taken but was not asleep yet would sleep out
+    the TTL (seen: 30 s on a loaded machine); "0" leaves it a permit."""
+    a, admin = sessions(), sessions()
+    p = rc.pubsub()
+    p.subscribe("redisson_rwlock:{w10}")
+    assert p.get_message(timeout=5)["type"] == "subscribe"
+
+    def published():
+        got = []
+        while True:
+            m = p.get_message(timeout=1)
+            if m is None:
+                return got
+            got.append(m["data"])
+    assert a.run("SELECT redis_lock_acquire_write('w10')") is True
+    assert a.run("SELECT redis_lock_release_write('w10')") is True
+    assert published() == [b"1", b"0"]
+    assert a.run("SELECT redis_lock_acquire_write('w10')") is True
+    assert admin.run("SELECT redis_lock_force_release('w10')") is True
+    assert published() == [b"1", b"0"]
+    assert a.run("SELECT redis_lock_release_write('w10')") is False
+    p.close()
