@@ -28,12 +28,31 @@
 #include "storage/latch.h"
 #include "utils/memutils.h"
 
-/* What the c-ares callback learnt; set from inside ares_process_fd */
+/* The most resolver sockets waited for at once (one per name server and
+ * protocol in use); more are left to c-ares's own timeouts */
+#define RL_RESOLVER_SOCKETS 16
+
+/* A socket c-ares wants watched, and for what */
+typedef struct ResolverSocket
+{
+	ares_socket_t fd;
+	bool		readable;
+	bool		writable;
+} ResolverSocket;
+
+/*
+ * What the c-ares callbacks learnt: the answer (set from inside
+ * ares_process_fd or ares_destroy) and the sockets to wait for (kept by the
+ * socket-state callback as c-ares opens, closes and re-arms them; c-ares
+ * 1.34 deprecates asking for them with ares_getsock)
+ */
 typedef struct Resolution
 {
 	bool		done;
 	int			status;
 	struct ares_addrinfo *res;
+	int			nsocks;
+	ResolverSocket socks[RL_RESOLVER_SOCKETS];
 } Resolution;
 
 static void
@@ -44,6 +63,33 @@ resolved(void *arg, int status, int timeouts, struct ares_addrinfo *res)
 	r->done = true;
 	r->status = status;
 	r->res = res;
+}
+
+static void
+socket_state(void *arg, ares_socket_t fd, int readable, int writable)
+{
+	Resolution *r = (Resolution *) arg;
+	int			i;
+
+	for (i = 0; i < r->nsocks; i++)
+		if (r->socks[i].fd == fd)
+			break;
+	if (!readable && !writable)
+	{
+		/* closed: forget it */
+		if (i < r->nsocks)
+			r->socks[i] = r->socks[--r->nsocks];
+		return;
+	}
+	if (i == r->nsocks)
+	{
+		if (r->nsocks == RL_RESOLVER_SOCKETS)
+			return;
+		r->nsocks++;
+	}
+	r->socks[i].fd = fd;
+	r->socks[i].readable = readable != 0;
+	r->socks[i].writable = writable != 0;
 }
 
 /* A numeric address: no resolver needed */
@@ -114,31 +160,29 @@ collect(struct ares_addrinfo *res, RLAddr **out)
  * let c-ares read what came, or act on its timeouts.
  */
 static void
-wait_once(ares_channel ch, long wait_ms, WaitEventSet *volatile *setp)
+wait_once(ares_channel ch, const Resolution *r, long wait_ms,
+		  WaitEventSet *volatile *setp)
 {
-	ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-	int			bits = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
-	WaitEvent	occurred[ARES_GETSOCK_MAXNUM + 2];
+	WaitEvent	occurred[RL_RESOLVER_SOCKETS + 2];
 	int			nev;
 	int			i;
 
 #if PG_VERSION_NUM >= 170000
-	*setp = CreateWaitEventSet(NULL, ARES_GETSOCK_MAXNUM + 2);
+	*setp = CreateWaitEventSet(NULL, RL_RESOLVER_SOCKETS + 2);
 #else
-	*setp = CreateWaitEventSet(CurrentMemoryContext, ARES_GETSOCK_MAXNUM + 2);
+	*setp = CreateWaitEventSet(CurrentMemoryContext, RL_RESOLVER_SOCKETS + 2);
 #endif
 	AddWaitEventToSet(*setp, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 	AddWaitEventToSet(*setp, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	for (i = 0; i < ARES_GETSOCK_MAXNUM; i++)
+	for (i = 0; i < r->nsocks; i++)
 	{
 		uint32		ev = 0;
 
-		if (ARES_GETSOCK_READABLE(bits, i))
+		if (r->socks[i].readable)
 			ev |= WL_SOCKET_READABLE;
-		if (ARES_GETSOCK_WRITABLE(bits, i))
+		if (r->socks[i].writable)
 			ev |= WL_SOCKET_WRITEABLE;
-		if (ev != 0)
-			AddWaitEventToSet(*setp, ev, socks[i], NULL, NULL);
+		AddWaitEventToSet(*setp, ev, r->socks[i].fd, NULL, NULL);
 	}
 	nev = WaitEventSetWait(*setp, wait_ms, occurred, lengthof(occurred),
 						   rl_wait_event(RL_WAIT_CONNECT));
@@ -161,19 +205,22 @@ wait_once(ares_channel ch, long wait_ms, WaitEventSet *volatile *setp)
 }
 
 /*
- * A resolver channel with the system's configuration.  A test bed can point
+ * A resolver channel with the system's configuration, telling r which
+ * sockets to wait for.  A test bed can point
  * it at another resolv.conf with RL_TEST_RESOLV_CONF in the server's
  * environment (t/test_resolve.py: a DNS server that never answers, one
  * that gives a name two addresses); nothing else reads that variable.
  */
 static bool
-channel_init(ares_channel *ch)
+channel_init(ares_channel *ch, Resolution *r)
 {
 	struct ares_options opts;
-	int			mask = 0;
+	int			mask = ARES_OPT_SOCK_STATE_CB;
 	char	   *conf = getenv("RL_TEST_RESOLV_CONF");
 
 	memset(&opts, 0, sizeof(opts));
+	opts.sock_state_cb = socket_state;
+	opts.sock_state_cb_data = r;
 	if (conf != NULL && conf[0] != '\0')
 	{
 		opts.resolvconf_path = conf;
@@ -211,12 +258,12 @@ rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char 
 		}
 		library_ready = true;
 	}
-	if (!channel_init(&ch))
+	memset(&r, 0, sizeof(r));
+	if (!channel_init(&ch, &r))
 	{
 		*why = pstrdup("could not start the name resolver");
 		return 0;
 	}
-	memset(&r, 0, sizeof(r));
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
@@ -238,7 +285,7 @@ rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char 
 			tvp = ares_timeout(ch, NULL, &tv);
 			if (tvp != NULL)
 				wait_ms = Min(wait_ms, (long) (tvp->tv_sec * 1000 + (tvp->tv_usec + 999) / 1000));
-			wait_once(ch, Max(wait_ms, 1), &set);
+			wait_once(ch, &r, Max(wait_ms, 1), &set);
 		}
 	}
 	PG_CATCH();

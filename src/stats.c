@@ -114,8 +114,8 @@ rl_stats_read(RLStats *out)
  * PG_WAIT_EXTENSION.  Never raises before 17; from 17 on, only when
  * PostgreSQL's table of custom wait events is full.
  *
- * The PostgreSQL 17 branch was compiled once against Debian's 17.12 server
- * headers (README, "Testing"); only 15 is built and tested by CI.
+ * The PostgreSQL 17+ branch is built and tested by CI on Debian 13's 17 and
+ * on 18 (scripts/matrix; t/test_versions.py checks the names).
  */
 uint32
 rl_wait_event(RLWaitKind kind)

@@ -37,11 +37,38 @@ def test_one_license_everywhere():
     assert "PostgreSQL License" in read("README.md")
 
 
+def compatibility_section():
+    readme = read("README.md")
+    return readme[readme.index("\n## Compatibility"):readme.index("\n## License")]
+
+
+def matrix_list(name):
+    return re.search(r"^%s=\(([^)]*)\)" % name, read("scripts/matrix"), re.M).group(1).split()
+
+
 def test_one_set_of_postgresql_versions():
-    pgversions = read("debian/pgversions").split()
+    # the majors CI tests: Debian 12's 15 (.ci/run), those scripts/matrix
+    # builds or unpacks here, and Debian 13's own in its chroot
+    trixie = re.search(r"^TRIXIE_MAJOR=(\d+)$", read("scripts/matrix"), re.M).group(1)
+    tested = sorted(set(matrix_list("MAJORS") + [trixie, "15"]), key=int)
+    assert tested == ["13", "15", "16", "17", "18"]
+    assert read("debian/pgversions").split() == tested
     meta = json.loads(read("META.json"))
-    # the majors scripts/matrix tests beside Debian's 15
-    assert pgversions == ["13", "15", "18"]
-    assert meta["prereqs"]["runtime"]["requires"]["PostgreSQL"].startswith("13.")
-    assert "Built and tested on PostgreSQL 13, 15 and 18" in read("README.md")
+    assert meta["x_tested_postgresql"] == tested
+    assert meta["prereqs"]["runtime"]["requires"]["PostgreSQL"] == tested[0] + ".0.0"
+    assert meta["prereqs"]["build"]["requires"]["PostgreSQL"] == tested[0] + ".0.0"
+    assert ("Built and tested on PostgreSQL %s and %s" % (", ".join(tested[:-1]), tested[-1])
+            in read("README.md"))
+    # the README's table of majors is the matrix: one row per tested major
+    compat = compatibility_section()
+    assert sorted(set(re.findall(r"^\| (\d+)\b", compat, re.M)), key=int) == tested
+    # bookworm's package is built for its 15 (debian/control is bookworm's)
     assert "Package: postgresql-15-redis-lock" in read("debian/control")
+
+
+def test_the_servers_in_the_readme_are_the_matrix():
+    compat = compatibility_section()
+    listed = set(re.findall(r"^\| (Redis|Valkey) (\d+\.\d+)", compat, re.M))
+    matrix = {(n.split("-")[0].capitalize(), n.split("-")[1]) for n in matrix_list("SERVERS")}
+    # Redis 7.0 is bookworm's, where everything runs
+    assert listed == matrix | {("Redis", "7.0")}
