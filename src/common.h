@@ -10,6 +10,9 @@
  *	functions.c   SQL-callable functions: argument checks, result shaping
  *	locktable.c   per-backend table of held locks, reentrancy, transaction
  *				  and session-exit callbacks, acquire/wait/release logic
+ *	deadlock.c    deadlocks through Redis locks among this server's backends:
+ *				  what each waiter waits for, in shared memory, and the check
+ *				  a waiter runs from deadlock_timeout on
  *	waitqueue.c   server-local queues of the backends waiting for the same
  *				  lock in shared memory: one contends in Redis, the rest sleep
  *	watchdog.c    shared-memory registry of every backend's locks and the
