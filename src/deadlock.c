@@ -901,13 +901,15 @@ run_check(void)
 	if (quiet_valid && print == quiet_print)
 	{
 		ereport(DEBUG1,
-				(errmsg_internal("redis_lock deadlock check: no wait began since the last check")));
+				(errmsg_internal("redis_lock deadlock check: no wait began since the last check, %ld us",
+								 (long) (GetCurrentTimestamp() - started))));
 		goto done;
 	}
 	if (blocked + c.nwaiters == 0)
 	{
 		ereport(DEBUG1,
-				(errmsg_internal("redis_lock deadlock check: no other process waits")));
+				(errmsg_internal("redis_lock deadlock check: no other process waits, %ld us",
+								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
 
