@@ -391,7 +391,7 @@ def test_a_cycle_that_closes_after_the_first_check_is_found(pg, sessions, rc, ta
     b.run(update(6))
     b_xid = xid(b)
     start(b, "SELECT redis_lock_acquire('dl:late', wait => '10s')")
-    wait_for_checks(pg, b.pid, 2)
+    wait_for_checks(pg, b.pid, 1)
     assert b.thread.is_alive()
     closed_at = time.monotonic()
     a.start(update(6))
