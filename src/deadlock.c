@@ -384,6 +384,10 @@ typedef struct Check
 	int			nwaiters;
 	RLRegistryHold *holds;		/* holds of the locks waited for, by key_id */
 	int			nholds;
+	int		   *waiting;		/* pids of every process seen waiting, and
+								 * ours: the only holders a cycle can go
+								 * through (sorted, once the waiters are in) */
+	int			nwaiting;
 	HTAB	   *seen;			/* pids reached */
 	Step	   *path;
 	int			depth;
@@ -414,6 +418,29 @@ hold_cmp(const void *a, const void *b)
 {
 	return u64_cmp(&((const RLRegistryHold *) a)->key_id,
 				   &((const RLRegistryHold *) b)->key_id);
+}
+
+static int
+int_cmp(const void *a, const void *b)
+{
+	int			x = *(const int *) a;
+	int			y = *(const int *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/* Sort pids and drop duplicates; returns how many remain */
+static int
+sort_unique_pids(int *pids, int n)
+{
+	int			m = 0;
+	int			i;
+
+	qsort(pids, n, sizeof(int), int_cmp);
+	for (i = 0; i < n; i++)
+		if (m == 0 || pids[m - 1] != pids[i])
+			pids[m++] = pids[i];
+	return m;
 }
 
 /* Is a hold of held in the way of a wait for want?  Readers share. */
@@ -457,17 +484,20 @@ blocking_pids(int pid, int *n)
 }
 
 /*
- * Every other process that waits, folded into a fingerprint with the
- * identity of its wait; *blocked counts them.  Reads PGPROCs without their
- * locks: a wait that begins meanwhile changes the next fingerprint.
+ * Every other process that waits for a heavyweight lock, folded into a
+ * fingerprint with the identity of its wait, and noted in c->waiting;
+ * *blocked counts them.  Reads PGPROCs without their locks: a wait that
+ * begins meanwhile changes the next fingerprint.
  */
 static uint64
-scan_procs(int *blocked)
+scan_procs(Check *c, int *blocked)
 {
 	uint64		print = 0;
 	uint32		i;
 
 	*blocked = 0;
+	c->waiting = palloc(sizeof(int) * (ProcGlobal->allProcCount + dl->nrecords + 1));
+	c->waiting[c->nwaiting++] = MyProcPid;
 	for (i = 0; i < ProcGlobal->allProcCount; i++)
 	{
 		PGPROC	   *proc = &ProcGlobal->allProcs[i];
@@ -488,7 +518,10 @@ scan_procs(int *blocked)
 		}
 #endif
 		if (waits)
+		{
 			(*blocked)++;
+			c->waiting[c->nwaiting++] = pid;
+		}
 	}
 	return print;
 }
@@ -513,7 +546,11 @@ snapshot_waiters(Check *c, uint64 print)
 	LWLockRelease(dl->records_lock);
 	qsort(w, n, sizeof(Waiter), pid_cmp);
 	for (i = 0; i < n; i++)
+	{
 		print = hash_combine64(print, hash_combine64((uint64) w[i].r.pid, w[i].r.seq));
+		c->waiting[c->nwaiting++] = w[i].r.pid;
+	}
+	c->nwaiting = sort_unique_pids(c->waiting, c->nwaiting);
 	c->waiters = w;
 	c->nwaiters = n;
 	return print;
@@ -530,16 +567,17 @@ find_waiter(Check *c, int pid)
 
 /*
  * The holds, in this server, of the locks whose ids are given (sorted,
- * unique): the registry's one pass, again with more room if it was short.
+ * unique) by the given backends (sorted, unique): the registry's one pass,
+ * again with more room if it was short.
  */
 static RLRegistryHold *
-holds_of(const uint64 *ids, int nids, int *nholds)
+holds_of(const uint64 *ids, int nids, const int *pids, int npids, int *nholds)
 {
 	int			cap = 16;
 	RLRegistryHold *holds = palloc(sizeof(RLRegistryHold) * cap);
 	int			n;
 
-	while ((n = rl_registry_holders(ids, nids, holds, cap)) > cap)
+	while ((n = rl_registry_holders(ids, nids, pids, npids, holds, cap)) > cap)
 	{
 		cap = n + n / 2;
 		holds = repalloc(holds, sizeof(RLRegistryHold) * cap);
@@ -723,6 +761,7 @@ static bool
 confirm_cycle(Check *c)
 {
 	uint64	   *ids = palloc(sizeof(uint64) * Max(c->depth, 1));
+	int		   *pids = palloc(sizeof(int) * Max(c->depth, 1));
 	RLRegistryHold *holds;
 	int			nids = 0;
 	int			nholds;
@@ -732,9 +771,12 @@ confirm_cycle(Check *c)
 
 	for (i = 0; i < c->depth; i++)
 		if (c->path[i].redis)
+		{
+			pids[nids] = c->path[i].edges[c->path[i].next - 1].pid;
 			ids[nids++] = c->path[i].edges[c->path[i].next - 1].key_id;
-	nids = sort_unique(ids, nids);
-	holds = holds_of(ids, nids, &nholds);
+		}
+	holds = holds_of(ids, sort_unique(ids, nids), pids,
+					 sort_unique_pids(pids, nids), &nholds);
 	for (i = 0; i < c->depth && ok; i++)
 	{
 		Step	   *n = &c->path[i];
@@ -750,15 +792,15 @@ confirm_cycle(Check *c)
 	for (i = 0; i < c->depth && ok; i++)
 	{
 		Step	   *n = &c->path[i];
-		int32	   *pids;
-		int			np;
+		int32	   *blockers;
+		int			nb;
 
 		if (n->redis)
 			continue;
-		pids = blocking_pids(n->pid, &np);
+		blockers = blocking_pids(n->pid, &nb);
 		ok = false;
-		for (j = 0; j < np && !ok; j++)
-			ok = pids[j] == n->edges[n->next - 1].pid;
+		for (j = 0; j < nb && !ok; j++)
+			ok = blockers[j] == n->edges[n->next - 1].pid;
 		ok = ok && wait_start_of(n->pid) == n->wait_start;
 	}
 	if (ok)
@@ -896,7 +938,7 @@ run_check(void)
 								ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
 	memset(&c, 0, sizeof(c));
-	print = scan_procs(&blocked);
+	print = scan_procs(&c, &blocked);
 	print = snapshot_waiters(&c, print);
 	if (quiet_valid && print == quiet_print)
 	{
@@ -921,7 +963,7 @@ run_check(void)
 		for (k = 0; k < c.waiters[i].r.nkeys; k++)
 			ids[nids++] = c.waiters[i].r.ids[k];
 	nids = sort_unique(ids, nids);
-	c.holds = holds_of(ids, nids, &c.nholds);
+	c.holds = holds_of(ids, nids, c.waiting, c.nwaiting, &c.nholds);
 
 	if (!search(&c))
 	{

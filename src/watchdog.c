@@ -629,18 +629,30 @@ key_id_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y ? 1 : 0;
 }
 
+static int
+pid_cmp(const void *a, const void *b)
+{
+	int			x = *(const int *) a;
+	int			y = *(const int *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
 /*
  * The holds in this server of the locks whose rl_registry_key_id() is one of
- * ids (nids of them, sorted ascending): slots held with holds > 0, not found
- * lost, whose lease has not run out since it was last restarted (a fixed
- * lease of a holder that is stuck may have expired in Redis).  Fills at most
- * cap entries of out, in the registry's order, and returns how many there
- * are: when that is more than cap, call again with more room.  One pass over
- * the registry under its lock (shared), hashing the key of each held slot;
- * nothing is allocated while the lock is held.
+ * ids (nids of them, sorted ascending), by the backends in pids (npids of
+ * them, sorted ascending; all backends when pids is NULL): slots held with
+ * holds > 0, not found lost, whose lease has not run out since it was last
+ * restarted (a fixed lease of a holder that is stuck may have expired in
+ * Redis).  Fills at most cap entries of out, in the registry's order, and
+ * returns how many there are: when that is more than cap, call again with
+ * more room.  One pass over the registry under its lock (shared), hashing
+ * the key of each held slot of those backends; nothing is allocated while
+ * the lock is held.
  */
 int
-rl_registry_holders(const uint64 *ids, int nids, RLRegistryHold *out, int cap)
+rl_registry_holders(const uint64 *ids, int nids, const int *pids, int npids,
+					RLRegistryHold *out, int cap)
 {
 	uint64		seeds[RL_MAX_TARGETS];
 	TimestampTz now = GetCurrentTimestamp();
@@ -660,8 +672,10 @@ rl_registry_holders(const uint64 *ids, int nids, RLRegistryHold *out, int cap)
 		RLSlot	   *s = &shared->slots[i];
 		uint64		id;
 
-		if (s->state != SLOT_HELD || s->st.lost ||
-			s->st.session_holds + s->st.xact_holds <= 0 ||
+		if (s->state != SLOT_HELD ||
+			(pids != NULL &&
+			 bsearch(&s->st.pid, pids, npids, sizeof(int), pid_cmp) == NULL) ||
+			s->st.lost || s->st.session_holds + s->st.xact_holds <= 0 ||
 			now > TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms))
 			continue;
 		id = hash_bytes_extended((const unsigned char *) s->key,

@@ -65,7 +65,7 @@ extern bool rl_registry_lost(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
 extern uint64 rl_registry_key_id(const char *target_spec, const char *key);
-extern int	rl_registry_holders(const uint64 *ids, int nids, RLRegistryHold *out,
-								int cap);
+extern int	rl_registry_holders(const uint64 *ids, int nids, const int *pids,
+								int npids, RLRegistryHold *out, int cap);
 
 #endif							/* RL_WATCHDOG_H */

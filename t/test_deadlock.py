@@ -13,6 +13,7 @@ preloading.  Each fails on the build without the detector (checked).
 
 Checks are logged at DEBUG1 ("redis_lock deadlock check: ..."); a waiter
 with SET log_min_messages = debug1 lets the test see that its checks ran."""
+import os
 import re
 import time
 
@@ -577,5 +578,63 @@ def test_without_preloading_nothing_changes(redis_srv, rc):
         a.run("COMMIT")
     finally:
         plain.cleanup()         # stops the server first: no session hangs
+        for s in made:
+            s.close()
+
+
+SCALE_LOCKS = int(os.environ.get("RL_DEADLOCK_SCALE_LOCKS", "20000"))
+FULL = re.compile(r"no cycle; .* (\d+) us$")
+CACHED = re.compile(r"no wait began since the last check, (\d+) us$")
+
+
+def test_check_cost_with_many_locks_held():
+    """The cost of a check with SCALE_LOCKS locks in the registry (20 000;
+    RL_DEADLOCK_SCALE_LOCKS=100000 for the README's figure): the first check
+    of a wait passes over the whole registry; the later ones, while no wait
+    begins, look at the PGPROCs only.  Printed with -s; bounded loosely."""
+    r = testbed.Redis().start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
+                                "redis_lock.max_locks": str(SCALE_LOCKS + 64)}).init().start()
+    made = []
+    try:
+        pg.with_extension()
+        takers = [Session(pg) for _ in range(4)]
+        made += takers
+        per = SCALE_LOCKS // len(takers)
+        for i, t in enumerate(takers):
+            t.start("SELECT count(redis_lock_acquire('bulk:' || g, ttl => '10min')) "
+                    "FROM generate_series(%s, %s) g", (1 + i * per, (i + 1) * per))
+        for t in takers:
+            t.join(300)
+            assert t.error is None and t.result == per, t.error
+        a, b, c, admin = (Session(pg) for _ in range(4))
+        made += [a, b, c, admin]
+        a.run("CREATE TABLE cost_rows (id int PRIMARY KEY); INSERT INTO cost_rows VALUES (1)")
+        assert a.run("SELECT redis_lock_acquire('dl:cost') > 0")
+        # someone waits (A, for C's row): B's first check of each wait is full
+        c.run("BEGIN")
+        c.run("UPDATE cost_rows SET id = 1")
+        a.start("UPDATE cost_rows SET id = 1")
+        wait_for_lock_wait(admin, a.pid)
+        verbose(b)
+        for _ in range(5):
+            with pytest.raises(psycopg2.Error) as e:
+                b.run("SELECT redis_lock_acquire('dl:cost', wait => '1s')")
+            assert e.value.pgcode == "55P03"
+        lines = checks(pg, b.pid)
+        full = sorted(int(m.group(1)) for m in map(FULL.search, lines) if m)
+        cached = sorted(int(m.group(1)) for m in map(CACHED.search, lines) if m)
+        print("\n%d locks held: %d full checks, median %d us, max %d us; "
+              "%d repeated checks, median %d us, max %d us"
+              % (SCALE_LOCKS, len(full), full[len(full) // 2], full[-1],
+                 len(cached), cached[len(cached) // 2], cached[-1]))
+        assert len(full) == 5 and len(cached) >= 20, lines
+        assert full[len(full) // 2] < SCALE_LOCKS * 5 * S, "over 5 us per lock held"
+        assert cached[len(cached) // 2] < 5000 * S
+        c.run("ROLLBACK")
+        a.join(10)
+    finally:
+        pg.cleanup()
+        r.stop()
         for s in made:
             s.close()
