@@ -111,6 +111,8 @@ def assert_deadlock(s, lines, within=5):
     assert err.diag.message_hint == HINT
     assert s.finished_at - s.started_at < within * S, \
         "found after %.1f s" % (s.finished_at - s.started_at)
+    print("\n40P01 %.0f ms after the wait began (or the cycle closed)"
+          % (1000 * (s.finished_at - s.started_at)))
 
 
 def start(s, q, args=None):
@@ -260,13 +262,13 @@ def test_two_redis_waiters_on_a_cycle_closed_later_one_victim(pg, sessions, rc, 
     c.start(update(9))
     wait_for_lock_wait(admin, c.pid)
     closed_at = time.monotonic()
-    testbed.wait_until(lambda: not a.thread.is_alive() or not b.thread.is_alive(), 10,
+    testbed.wait_until(lambda: a.error is not None or b.error is not None, 10,
                        what="a victim")
     time.sleep(0.3)     # would the other one fail too?  (three of its checks)
-    done = [s for s in (a, b) if not s.thread.is_alive()]
-    assert len(done) == 1, "both waiters ended: %r, %r" % (a.error, b.error)
-    victim = done[0]
-    assert victim.error is not None and victim.error.pgcode == "40P01", victim.error
+    failed = [s for s in (a, b) if s.error is not None]
+    assert len(failed) == 1, "both waiters failed: %r, %r" % (a.error, b.error)
+    victim = failed[0]
+    assert victim.error.pgcode == "40P01", victim.error
     assert victim.finished_at - closed_at < 5 * S
     if victim is a:
         # A's abort releases R1 and its row: C goes on, and B gets R3 at C's end
@@ -626,11 +628,16 @@ def test_check_cost_with_many_locks_held():
         cached = sorted(int(m.group(1)) for m in map(CACHED.search, lines) if m)
         print("\n%d locks held: %d full checks, median %d us, max %d us; "
               "%d repeated checks, median %d us, max %d us"
-              % (SCALE_LOCKS, len(full), full[len(full) // 2], full[-1],
-                 len(cached), cached[len(cached) // 2], cached[-1]))
-        assert len(full) == 5 and len(cached) >= 20, lines
+              % (SCALE_LOCKS, len(full), full[len(full) // 2], full[-1], len(cached),
+                 cached[len(cached) // 2] if cached else 0, cached[-1] if cached else 0))
         assert full[len(full) // 2] < SCALE_LOCKS * 5 * S, "over 5 us per lock held"
-        assert cached[len(cached) // 2] < 5000 * S
+        if int(admin.run("SHOW server_version_num")) >= 140000:
+            # one full check per wait, then nothing began: the fingerprint
+            assert len(full) == 5 and len(cached) >= 20, lines
+            assert cached[len(cached) // 2] < 5000 * S
+        else:
+            # 13 has no waitStart to tell that nothing began: every check is full
+            assert cached == [] and len(full) >= 20, lines
         c.run("ROLLBACK")
         a.join(10)
     finally:
