@@ -496,7 +496,7 @@ scan_procs(Check *c, int *blocked)
 	uint32		i;
 
 	*blocked = 0;
-	c->waiting = palloc(sizeof(int) * (ProcGlobal->allProcCount + dl->nrecords + 1));
+	c->waiting = palloc(sizeof(int) * (2 * ProcGlobal->allProcCount + dl->nrecords + 1));
 	c->waiting[c->nwaiting++] = MyProcPid;
 	for (i = 0; i < ProcGlobal->allProcCount; i++)
 	{
@@ -519,8 +519,13 @@ scan_procs(Check *c, int *blocked)
 #endif
 		if (waits)
 		{
+			PGPROC	   *leader = proc->lockGroupLeader;
+
 			(*blocked)++;
 			c->waiting[c->nwaiting++] = pid;
+			/* a parallel worker's wait is its leader's, which holds the locks */
+			if (leader != NULL && leader != proc && leader->pid != 0)
+				c->waiting[c->nwaiting++] = leader->pid;
 		}
 	}
 	return print;

@@ -99,7 +99,7 @@ def deadlocks(admin):
                            "WHERE datname = current_database()")
 
 
-def assert_deadlock(s, lines, within=5):
+def assert_deadlock(s, lines, within=5, since="its wait began"):
     """s's statement failed with 40P01 within `within` seconds of its start
     (its wait was 10 s), its detail exactly `lines`."""
     s.join(15)
@@ -111,8 +111,7 @@ def assert_deadlock(s, lines, within=5):
     assert err.diag.message_hint == HINT
     assert s.finished_at - s.started_at < within * S, \
         "found after %.1f s" % (s.finished_at - s.started_at)
-    print("\n40P01 %.0f ms after the wait began (or the cycle closed)"
-          % (1000 * (s.finished_at - s.started_at)))
+    print("\n40P01 %.0f ms after %s" % (1000 * (s.finished_at - s.started_at), since))
 
 
 def start(s, q, args=None):
@@ -120,7 +119,16 @@ def start(s, q, args=None):
     return s.start(q, args)
 
 
-def test_row_lock_cycle_between_two_sessions(pg, sessions, rc, table):
+WAITS = {
+    "acquire": "SELECT redis_lock_acquire('dl:row', wait => '10s')",
+    "try_acquire": "SELECT redis_lock_try_acquire('dl:row', wait => '10s')",
+    "with_lock": "SELECT redis_lock_with_lock('dl:row', 'SELECT 1', wait => '10s')",
+}
+
+
+@pytest.mark.parametrize("call", sorted(WAITS))
+def test_row_lock_cycle_between_two_sessions(pg, sessions, rc, table, call):
+    """Also the try variant (40P01, not false) and with_lock while they wait."""
     a, b, admin = sessions(), sessions(), sessions()
     b.run(DEADLOCK_TIMEOUT)
     before = deadlocks(admin)
@@ -131,7 +139,7 @@ def test_row_lock_cycle_between_two_sessions(pg, sessions, rc, table):
     b_xid = xid(b)
     a.start(update(1))
     wait_for_lock_wait(admin, a.pid)
-    start(b, "SELECT redis_lock_acquire('dl:row', wait => '10s')")
+    start(b, WAITS[call])
     assert_deadlock(b, [
         'Process %d waits for Redis lock "dl:row"; blocked by process %d.' % (b.pid, a.pid),
         "Process %d waits for ShareLock on transaction %d; blocked by process %d."
@@ -145,10 +153,13 @@ def test_row_lock_cycle_between_two_sessions(pg, sessions, rc, table):
     # the server log has each process's query, like PostgreSQL's own report
     log = pg.log_text()
     assert "Process %d: UPDATE dl_rows SET v = v + 1 WHERE id = 1" % a.pid in log
-    assert "Process %d: SELECT redis_lock_acquire('dl:row', wait => '10s')" % b.pid in log
-    # and it counts in pg_stat_database.deadlocks
-    testbed.wait_until(lambda: deadlocks(admin) > before, 15,
-                       what="pg_stat_database.deadlocks to count it")
+    assert "Process %d: %s" % (b.pid, WAITS[call]) in log
+    # and it counts in pg_stat_database.deadlocks (flushed at B's exit at the
+    # latest; once is enough)
+    if call == "acquire":
+        b.close()
+        testbed.wait_until(lambda: deadlocks(admin) > before, 15,
+                           what="pg_stat_database.deadlocks to count it")
 
 
 def test_advisory_lock_cycle(sessions, rc):
@@ -299,6 +310,38 @@ def test_two_redis_waiters_on_a_cycle_closed_later_one_victim(pg, sessions, rc, 
         s.run("ROLLBACK")
 
 
+def test_a_victim_keeps_its_session_scoped_locks(pg, sessions, rc):
+    """Two Redis locks, session-scoped: the victim's abort does not release
+    its lock (as for a session-level advisory lock), so the other keeps
+    waiting until the victim releases it."""
+    a, b = sessions(), sessions()
+    verbose(a)
+    verbose(b)
+    assert a.run("SELECT redis_lock_acquire('dl:s1') > 0")
+    assert b.run("SELECT redis_lock_acquire('dl:s2') > 0")
+    start(a, "SELECT redis_lock_acquire('dl:s2', wait => '10s')")
+    wait_for_checks(pg, a.pid, 1)
+    start(b, "SELECT redis_lock_acquire('dl:s1', wait => '10s')")
+    testbed.wait_until(lambda: a.error is not None or b.error is not None, 10,
+                       what="a victim")
+    victim, other = (a, b) if a.error is not None else (b, a)
+    mine, theirs = ("dl:s1", "dl:s2") if victim is a else ("dl:s2", "dl:s1")
+    victim.join(5)
+    assert victim.error.pgcode == "40P01", victim.error
+    # still held by the victim, in Redis and in its session
+    assert rc.exists(mine) == 1
+    assert victim.run("SELECT hold_count FROM redis_lock_held() WHERE lock_name = %s",
+                      (mine,)) == 1
+    n = len(checks(pg, other.pid))
+    wait_for_checks(pg, other.pid, n + 2)
+    assert other.thread.is_alive(), "the other one waits on"
+    assert victim.run("SELECT redis_lock_release(%s)", (mine,)) is True
+    other.join(5)
+    assert other.error is None and other.result > 0, other.error
+    assert other.run("SELECT redis_lock_release_all()") == 2
+    assert victim.run("SELECT redis_lock_release_all()") == 0
+
+
 @pytest.mark.parametrize("held,wanted,words", [
     ("read", "write", "the write hold of Redis lock"),
     ("write", "read", "a read hold of Redis lock"),
@@ -403,7 +446,7 @@ def test_a_cycle_that_closes_after_the_first_check_is_found(pg, sessions, rc, ta
     assert_deadlock(b, [
         'Process %d waits for Redis lock "dl:late"; blocked by process %d.' % (b.pid, a.pid),
         "Process %d waits for ShareLock on transaction %d; blocked by process %d."
-        % (a.pid, b_xid, b.pid)])
+        % (a.pid, b_xid, b.pid)], since="the cycle closed")
     b.run("ROLLBACK")
     a.join(10)
     a.run("COMMIT")
@@ -433,7 +476,7 @@ def test_a_waiter_asleep_in_the_local_queue_is_checked(pg, sessions, rc, table):
     assert_deadlock(q2, [
         'Process %d waits for Redis lock "dl:queue"; blocked by process %d.' % (q2.pid, a.pid),
         "Process %d waits for ShareLock on transaction %d; blocked by process %d."
-        % (a.pid, q2_xid, q2.pid)])
+        % (a.pid, q2_xid, q2.pid)], since="the cycle closed")
     q2.run("ROLLBACK")
     a.join(10)
     a.run("COMMIT")
@@ -444,7 +487,7 @@ def test_a_waiter_asleep_in_the_local_queue_is_checked(pg, sessions, rc, table):
 
 def test_no_check_before_deadlock_timeout(pg, sessions, rc):
     """A wait shorter than deadlock_timeout is never checked (and publishes
-    nothing); one longer is."""
+    nothing); one longer is; checks are at least 10 ms apart."""
     a, b = sessions(), sessions()
     verbose(b)
     assert a.run("SELECT redis_lock_acquire('dl:short') > 0")
@@ -459,6 +502,15 @@ def test_no_check_before_deadlock_timeout(pg, sessions, rc):
     assert e.value.pgcode == "55P03"
     found = checks(pg, b.pid)
     assert 1 <= len(found) <= 6, found
+    # a deadlock_timeout of 1 ms: the first check at 1 ms, then 10 ms apart
+    b.run("SET deadlock_timeout = '1ms'")
+    t0 = time.monotonic()
+    with pytest.raises(psycopg2.Error) as e:
+        b.run("SELECT redis_lock_acquire('dl:short', wait => '300ms')")
+    assert e.value.pgcode == "55P03"
+    elapsed_ms = 1000 * (time.monotonic() - t0)
+    more = len(checks(pg, b.pid)) - len(found)
+    assert 3 <= more <= elapsed_ms / 10 + 2, "%d checks in %.0f ms" % (more, elapsed_ms)
     assert a.run("SELECT redis_lock_release('dl:short')") is True
 
 
@@ -473,6 +525,7 @@ def test_checks_cost_no_redis_round_trips(pg, sessions, rc):
         b.run("SELECT redis_lock_acquire('dl:trips', wait => '1500ms')")
     assert e.value.pgcode == "55P03"
     calls = rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    print("\n%d EVALSHA in a 1.5 s wait, %d checks" % (calls, len(checks(pg, b.pid))))
     assert len(checks(pg, b.pid)) >= 8, checks(pg, b.pid)
     # the first try, one after subscribing, one at 1 s, one at the end
     assert calls <= 4, "%d EVALSHA in a 1.5 s wait" % calls
