@@ -13,6 +13,9 @@
  *	lockmany.c    beside locktable.c: several locks acquired at once, all
  *				  or nothing; keeps the table only through the rl_many_*
  *				  interface of locktable.h
+ *	deadlock.c    deadlocks through Redis locks among this server's backends:
+ *				  what each waiter waits for, in shared memory, and the check
+ *				  a waiter runs from deadlock_timeout on
  *	waitqueue.c   server-local queues of the backends waiting for the same
  *				  lock in shared memory: one contends in Redis, the rest sleep
  *	watchdog.c    shared-memory registry of every backend's locks and the

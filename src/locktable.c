@@ -1032,7 +1032,14 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		(void) release_partial_grants(e, op);
 	if (queue_id != 0 && !rl_waitq_join(queue_id))
 	{
-		if (!rl_waitq_wait_turn(deadline))
+		bool		turn;
+		TimestampTz now;
+
+		/* asleep in the queue, it is still checked for deadlocks */
+		while (!(turn = rl_waitq_wait_turn(rl_deadlock_wake_at(deadline))) &&
+			   (now = GetCurrentTimestamp()) < deadline)
+			rl_deadlock_check_due(now);
+		if (!turn)
 		{
 			/* the wait ran out behind earlier local waiters */
 			rl_waitq_leave();
@@ -1077,6 +1084,7 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 	for (;;)
 	{
 		TimestampTz now;
+		TimestampTz wake;
 		long		sleep_ms;
 
 		/* the release may have happened before the subscription took */
@@ -1106,12 +1114,18 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
 		if (sleep_ms < 1)
 			sleep_ms = 1;
+		wake = TimestampTzPlusMilliseconds(now, sleep_ms);
+
 		/*
 		 * A holder that publishes wakes us on its channel: its keyspace
-		 * "del" would only wake us a second time.
+		 * "del" would only wake us a second time.  A deadlock check that
+		 * comes due meanwhile runs without an attempt of its own.
 		 */
-		rl_wait_for_message(subs, nsubs, channel,
-							op->holder_publishes ? NULL : e->names.key, sleep_ms);
+		while (!rl_wait_for_message(subs, nsubs, channel,
+									op->holder_publishes ? NULL : e->names.key,
+									(long) ((rl_deadlock_wake_at(wake) - now + 999) / 1000)) &&
+			   (now = GetCurrentTimestamp()) < wake)
+			rl_deadlock_check_due(now);
 	}
 
 	/* the next local waiter takes over at once, while we tidy up */
@@ -1369,7 +1383,13 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 		outcome = attempt(e, lease_ms, &op);
 	if (outcome != ACQ_GOT && outcome != ACQ_WRONGTYPE && wait_ms > 0 &&
 		(outcome == ACQ_BUSY || e->target->kind == RL_TOPO_REDLOCK))
+	{
+		RLWaitKey	wk = {e->target->spec, e->names.key, e->names.protocol};
+
+		rl_deadlock_wait_begin(&wk, 1);
 		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);
+		rl_deadlock_wait_end();
+	}
 
 	if (outcome == ACQ_GOT && op.replicas_short > 0)
 		refuse_unreplicated(e);

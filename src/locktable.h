@@ -13,7 +13,7 @@
 #ifndef RL_LOCKTABLE_H
 #define RL_LOCKTABLE_H
 
-#include "waitqueue.h"
+#include "deadlock.h"
 
 typedef enum RLScope
 {

@@ -64,7 +64,8 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 
 /*
  * Module load: settings, counters, scripts and, when preloading, the shared
- * registry, the watchdog worker and the local wait queues.  Nothing here talks to Redis.
+ * registry, the watchdog worker, the local wait queues and the deadlock
+ * records.  Nothing here talks to Redis.
  */
 void
 _PG_init(void)
@@ -74,6 +75,7 @@ _PG_init(void)
 	rl_scripts_init();
 	rl_watchdog_init();
 	rl_waitq_init();
+	rl_deadlock_init();
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = redis_lock_ProcessUtility;
 }

@@ -392,7 +392,7 @@ rl_define_settings(void)
 							   &rl_password,
 							   "",
 							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
 							   NULL, bump_generation, NULL);
 
 	DefineCustomStringVariable("redis_lock.key_prefix",
@@ -531,7 +531,7 @@ rl_define_settings(void)
 							   &rl_sentinel_password,
 							   "",
 							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
 							   NULL, bump_generation, NULL);
 
 	DefineCustomIntVariable("redis_lock.node_timeout",

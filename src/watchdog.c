@@ -25,6 +25,7 @@
  */
 #include "watchdog.h"
 
+#include "common/hashfn.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "port/atomics.h"
@@ -602,6 +603,99 @@ rl_registry_snapshot(RLLockInfo **out, int *n)
 	LWLockRelease(shared->lock);
 	*n = k;
 	return true;
+}
+
+/*
+ * The identity of a lock for deadlock detection (deadlock.c): where it
+ * lives and its key, hashed.  Equal for every mode of a name (a read-write
+ * lock's read and write holds share the key).
+ */
+uint64
+rl_registry_key_id(const char *target_spec, const char *key)
+{
+	uint64		h;
+
+	h = hash_bytes_extended((const unsigned char *) target_spec,
+							(int) strlen(target_spec), 0);
+	h = hash_bytes_extended((const unsigned char *) key, (int) strlen(key), h);
+	return h != 0 ? h : 1;
+}
+
+static int
+key_id_cmp(const void *a, const void *b)
+{
+	uint64		x = *(const uint64 *) a;
+	uint64		y = *(const uint64 *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static int
+pid_cmp(const void *a, const void *b)
+{
+	int			x = *(const int *) a;
+	int			y = *(const int *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/*
+ * The holds in this server of the locks whose rl_registry_key_id() is one of
+ * ids (nids of them, sorted ascending), by the backends in pids (npids of
+ * them, sorted ascending; all backends when pids is NULL): slots held with
+ * holds > 0, not found lost, whose lease has not run out since it was last
+ * restarted (a fixed lease of a holder that is stuck may have expired in
+ * Redis).  Fills at most cap entries of out, in the registry's order, and
+ * returns how many there are: when that is more than cap, call again with
+ * more room.  One pass over the registry under its lock (shared), hashing
+ * the key of each held slot of those backends; nothing is allocated while
+ * the lock is held.
+ */
+int
+rl_registry_holders(const uint64 *ids, int nids, const int *pids, int npids,
+					RLRegistryHold *out, int cap)
+{
+	uint64		seeds[RL_MAX_TARGETS];
+	TimestampTz now = GetCurrentTimestamp();
+	int			n = 0;
+	int			i;
+
+	if (shared == NULL || nids <= 0)
+		return 0;
+	LWLockAcquire(shared->lock, LW_SHARED);
+	/* the key of a slot hashes on from the hash of its target's spec */
+	for (i = 0; i < RL_MAX_TARGETS; i++)
+		seeds[i] = shared->targets[i].refs > 0 ?
+			hash_bytes_extended((const unsigned char *) shared->targets[i].spec,
+								(int) strlen(shared->targets[i].spec), 0) : 0;
+	for (i = 0; i < shared->nslots; i++)
+	{
+		RLSlot	   *s = &shared->slots[i];
+		uint64		id;
+
+		if (s->state != SLOT_HELD ||
+			(pids != NULL &&
+			 bsearch(&s->st.pid, pids, npids, sizeof(int), pid_cmp) == NULL) ||
+			s->st.lost || s->st.session_holds + s->st.xact_holds <= 0 ||
+			now > TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms))
+			continue;
+		id = hash_bytes_extended((const unsigned char *) s->key,
+								 (int) strlen(s->key), seeds[s->target]);
+		if (id == 0)
+			id = 1;
+		if (bsearch(&id, ids, nids, sizeof(uint64), key_id_cmp) == NULL)
+			continue;
+		if (n < cap)
+		{
+			out[n].key_id = id;
+			out[n].pid = s->st.pid;
+			out[n].protocol = s->st.protocol;
+			strlcpy(out[n].name, s->key + s->name_off, sizeof(out[n].name));
+		}
+		n++;
+	}
+	LWLockRelease(shared->lock);
+	return n;
 }
 
 /* ----------------------------------------------------------------

@@ -42,6 +42,15 @@ typedef struct RLLockInfo
 	char	   *key;
 } RLLockInfo;
 
+/* One hold, in this server, of a lock some backend waits for (deadlock.c) */
+typedef struct RLRegistryHold
+{
+	uint64		key_id;			/* rl_registry_key_id() of its lock */
+	int			pid;			/* the backend holding it */
+	RLProtocol	protocol;		/* its layout: which mode it holds */
+	char		name[RL_MAX_NAME_LEN + 1];	/* the lock's name */
+} RLRegistryHold;
+
 extern bool rl_watchdog_enabled(void);
 extern void rl_watchdog_init(void);
 extern int	rl_registry_add(const char *name, const RLLockNames *names,
@@ -57,5 +66,8 @@ extern void rl_registry_wait_idle(int slot);
 extern bool rl_registry_lost(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
+extern uint64 rl_registry_key_id(const char *target_spec, const char *key);
+extern int	rl_registry_holders(const uint64 *ids, int nids, const int *pids,
+								int npids, RLRegistryHold *out, int cap);
 
 #endif							/* RL_WATCHDOG_H */

@@ -64,3 +64,21 @@ def test_a_waiter_shows_the_wait_event_of_its_major(pg, rc, sessions):
     assert holder.run("SELECT redis_lock_release('we')") is True
     waiter.join(10)
     assert waiter.error is None
+
+
+def test_hidden_settings_are_not_in_the_sample_file(pg):
+    """A setting hidden from SHOW ALL must also be kept out of
+    postgresql.conf.sample: PostgreSQL 16 and later check that at startup
+    in builds with assertions (check_GUC_init), which then refuse to load
+    the module.  pg_settings_get_flags() shows the flags on 15 and later."""
+    s = Session(pg)
+    try:
+        s.run("SELECT count(*) FROM redis_lock_held()")   # the settings are defined
+        if server_version(pg) < 150000:
+            pytest.skip("pg_settings_get_flags() is new in PostgreSQL 15")
+        # pg_settings leaves the hidden ones out: name them
+        for name in ("redis_lock.password", "redis_lock.sentinel_password"):
+            flags = s.run("SELECT pg_settings_get_flags(%s)", (name,))
+            assert "NO_SHOW_ALL" in flags and "NOT_IN_SAMPLE" in flags, (name, flags)
+    finally:
+        s.close()

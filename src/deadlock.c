@@ -1,0 +1,1026 @@
+/*-------------------------------------------------------------------------
+ *
+ * deadlock.c
+ *	  Owns the detection of deadlocks that run through Redis locks.  A
+ *	  backend waiting for a Redis lock held by another backend of this
+ *	  server, once it has waited deadlock_timeout, follows what the holders
+ *	  wait for -- PostgreSQL heavyweight locks (rows, tables, advisory
+ *	  locks, transaction ids) as pg_blocking_pids() sees them, and the Redis
+ *	  locks other backends wait for -- and when that leads back to itself it
+ *	  fails with 40P01, as PostgreSQL's own detector does.  That detector
+ *	  cannot see a wait for a Redis lock: without this, each side of such a
+ *	  cycle waits out its whole wait.
+ *
+ *	  A waiting backend publishes which Redis locks it waits for, in a
+ *	  record of its own in shared memory, from its first check on: a wait
+ *	  shorter than deadlock_timeout touches no shared memory.  Who holds a
+ *	  lock comes from the watchdog registry.  Holders outside this server
+ *	  (other servers, services) are not known here and never close a cycle.
+ *	  A cycle is confirmed before anyone is failed for it (see
+ *	  confirm_cycle), and at most one member of a cycle fails: the first to
+ *	  confirm it.  Exists only with shared_preload_libraries = 'redis_lock'.
+ *
+ *	  Must not: talk to Redis, hold an LWLock across an ERROR of its own,
+ *	  raise where interrupts are held, or leave a wait published after the
+ *	  wait (its end, transaction abort, subtransaction abort and backend exit
+ *	  each withdraw it).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/deadlock.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "deadlock.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "postmaster/autovacuum.h"
+#include "replication/walsender.h"
+#include "storage/ipc.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
+#include "storage/shmem.h"
+#include "utils/array.h"
+#include "utils/fmgrprotos.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+
+/* Checks of one wait after the first are at least this far apart */
+#define RL_DEADLOCK_MIN_RECHECK_MS	10
+
+/*
+ * PostgreSQL 14 and later stamp every heavyweight-lock wait with the time
+ * it began (PGPROC.waitStart): a wait's identity, which lets a check see
+ * that nothing began waiting since the last one, and a confirmation see
+ * that a process stayed in one wait.
+ */
+#if PG_VERSION_NUM >= 140000
+#define RL_HAVE_WAIT_START
+#endif
+
+/* What one backend waits for, while it waits and has been checked once */
+typedef struct RLWaitRecord
+{
+	int			pid;			/* 0: nobody waits here */
+	int			nkeys;
+	uint64		seq;			/* this publication; never reused */
+	uint64		ids[RL_DEADLOCK_MAX_KEYS];	/* rl_registry_key_id() */
+	RLProtocol	protocols[RL_DEADLOCK_MAX_KEYS];
+} RLWaitRecord;
+
+/*
+ * One record per process that can run SQL, indexed by its PGPROC number,
+ * like the wait queue's seats.
+ */
+typedef struct RLDeadlockShared
+{
+	LWLock	   *records_lock;	/* the records and next_seq */
+	LWLock	   *victim_lock;	/* held while a cycle is confirmed */
+	uint64		next_seq;
+	int			nrecords;
+	RLWaitRecord records[FLEXIBLE_ARRAY_MEMBER];
+} RLDeadlockShared;
+
+static RLDeadlockShared *dl = NULL;
+static int	dl_capacity = 0;
+
+#if PG_VERSION_NUM >= 150000
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* This backend's wait */
+static bool waiting = false;
+static const RLWaitKey *wait_keys = NULL;
+static int	wait_nkeys = 0;
+static TimestampTz next_check = 0;
+static int	recheck_ms = 0;
+static bool published = false;	/* my_record holds this wait */
+static RLWaitRecord *my_record = NULL;
+static RLWaitRecord mine;		/* what this wait published (also without a
+								 * record of its own) */
+static bool callbacks_set = false;
+
+/*
+ * A check that found no cycle leaves the fingerprint of every wait it saw
+ * (PostgreSQL 14+): while it stays the same, no cycle can have formed and
+ * the next check ends there.
+ */
+static bool quiet_valid = false;
+static uint64 quiet_print = 0;
+
+/* ----------------------------------------------------------------
+ * Shared memory
+ * ----------------------------------------------------------------
+ */
+
+/* Processes that can run SQL (backends, autovacuum, bgworkers, walsenders) */
+static int
+max_sql_processes(void)
+{
+#if PG_VERSION_NUM >= 150000
+	return MaxBackends;
+#else
+	/* MaxBackends is not computed yet when _PG_init requests shared memory */
+	return MaxConnections + autovacuum_max_workers + 1 + max_worker_processes +
+		max_wal_senders;
+#endif
+}
+
+static Size
+deadlock_shared_size(void)
+{
+	return add_size(offsetof(RLDeadlockShared, records),
+					mul_size(dl_capacity, sizeof(RLWaitRecord)));
+}
+
+/* shmem_request_hook: room for the records and two LWLocks */
+static void
+redis_lock_deadlock_shmem_request(void)
+{
+#if PG_VERSION_NUM >= 150000
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+#endif
+	dl_capacity = max_sql_processes();
+	RequestAddinShmemSpace(deadlock_shared_size());
+	RequestNamedLWLockTranche("redis_lock deadlock", 2);
+}
+
+/* shmem_startup_hook: create (no record used) or attach the records */
+static void
+redis_lock_deadlock_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+	if (dl_capacity == 0)
+		dl_capacity = max_sql_processes();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	dl = ShmemInitStruct("redis_lock deadlock", deadlock_shared_size(), &found);
+	if (!found)
+	{
+		LWLockPadded *locks = GetNamedLWLockTranche("redis_lock deadlock");
+
+		memset(dl, 0, deadlock_shared_size());
+		dl->records_lock = &locks[0].lock;
+		dl->victim_lock = &locks[1].lock;
+		dl->next_seq = 1;
+		dl->nrecords = dl_capacity;
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* Called from _PG_init: the shared-memory hooks, only when preloading */
+void
+rl_deadlock_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+#if PG_VERSION_NUM >= 150000
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = redis_lock_deadlock_shmem_request;
+#else
+	redis_lock_deadlock_shmem_request();
+#endif
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = redis_lock_deadlock_shmem_startup;
+}
+
+/* This backend's record, or NULL when it has none */
+static RLWaitRecord *
+record_of_mine(void)
+{
+	int			procno;
+
+	if (dl == NULL || MyProc == NULL)
+		return NULL;
+#if PG_VERSION_NUM >= 170000
+	procno = MyProcNumber;
+#else
+	procno = MyProc->pgprocno;
+#endif
+	return procno >= 0 && procno < dl->nrecords ? &dl->records[procno] : NULL;
+}
+
+/* ----------------------------------------------------------------
+ * The wait: begin, publish, withdraw, end
+ * ----------------------------------------------------------------
+ */
+static void
+redis_lock_deadlock_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
+		event == XACT_EVENT_COMMIT)
+		rl_deadlock_wait_end();
+}
+
+static void
+redis_lock_deadlock_subxact_callback(SubXactEvent event,
+									 SubTransactionId mySubid,
+									 SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		rl_deadlock_wait_end();
+}
+
+static void
+redis_lock_deadlock_before_shmem_exit(int code, Datum arg)
+{
+	rl_deadlock_wait_end();
+}
+
+/*
+ * Publish what this wait waits for (again, with a new seq, when its keys
+ * changed).  The callbacks that withdraw it come first, so that no error
+ * can leave it published.
+ */
+static void
+publish(void)
+{
+	int			i;
+
+	if (!callbacks_set)
+	{
+		RegisterXactCallback(redis_lock_deadlock_xact_callback, NULL);
+		RegisterSubXactCallback(redis_lock_deadlock_subxact_callback, NULL);
+		before_shmem_exit(redis_lock_deadlock_before_shmem_exit, (Datum) 0);
+		callbacks_set = true;
+	}
+	mine.pid = MyProcPid;
+	mine.nkeys = Min(wait_nkeys, RL_DEADLOCK_MAX_KEYS);
+	for (i = 0; i < mine.nkeys; i++)
+	{
+		mine.ids[i] = rl_registry_key_id(wait_keys[i].target_spec,
+										 wait_keys[i].key);
+		mine.protocols[i] = wait_keys[i].protocol;
+	}
+	my_record = record_of_mine();
+	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
+	mine.seq = dl->next_seq++;
+	if (my_record != NULL)
+		*my_record = mine;
+	LWLockRelease(dl->records_lock);
+	published = true;
+}
+
+/* Withdraw this backend's record; never raises */
+static void
+withdraw(void)
+{
+	if (!published)
+		return;
+	published = false;
+	if (my_record == NULL)
+		return;
+	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
+	my_record->pid = 0;
+	my_record->nkeys = 0;
+	LWLockRelease(dl->records_lock);
+}
+
+/*
+ * This backend starts waiting for keys (nkeys of them; the caller keeps
+ * them valid while it waits).  Only local state: nothing is published, and
+ * nothing is checked, before deadlock_timeout.  No-op without preloading.
+ */
+void
+rl_deadlock_wait_begin(const RLWaitKey *keys, int nkeys)
+{
+	rl_deadlock_wait_end();
+	if (dl == NULL || nkeys <= 0)
+		return;
+	waiting = true;
+	wait_keys = keys;
+	wait_nkeys = nkeys;
+	quiet_valid = false;
+	recheck_ms = Max(DeadlockTimeout, RL_DEADLOCK_MIN_RECHECK_MS);
+	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), DeadlockTimeout);
+}
+
+/*
+ * The keys this wait waits for changed (a multi-key waiter granted some of
+ * them): call it whenever the keys waited for, or the keys held, change
+ * during one wait.  Republished at once if published: a key granted in the
+ * middle of a wait is a hold nobody began waiting for, which the next
+ * checks must not take for unchanged.
+ */
+void
+rl_deadlock_wait_keys(const RLWaitKey *keys, int nkeys)
+{
+	if (!waiting)
+		return;
+	wait_keys = keys;
+	wait_nkeys = nkeys;
+	quiet_valid = false;
+	if (published)
+		publish();
+}
+
+/* The earlier of deadline and the next check of this wait */
+TimestampTz
+rl_deadlock_wake_at(TimestampTz deadline)
+{
+	return waiting ? Min(deadline, next_check) : deadline;
+}
+
+/* This backend stopped waiting (any way); never raises, idempotent */
+void
+rl_deadlock_wait_end(void)
+{
+	withdraw();
+	waiting = false;
+	wait_keys = NULL;
+	wait_nkeys = 0;
+}
+
+/* ----------------------------------------------------------------
+ * The check
+ * ----------------------------------------------------------------
+ */
+
+/* One edge of the wait-for graph: a process blocked by another */
+typedef struct Edge
+{
+	int			pid;			/* the blocking process */
+	uint64		key_id;			/* Redis: the lock waited for; 0: PostgreSQL */
+	const char *name;			/* Redis: its name */
+	RLProtocol	protocol;		/* Redis: the hold waited for */
+} Edge;
+
+/* A process on the path the search follows */
+typedef struct Step
+{
+	int			pid;
+	bool		redis;			/* waits for Redis locks (else PostgreSQL's) */
+	int			record;			/* redis: index of its record; -1: us */
+	uint64		seq;			/* redis: the publication followed */
+	uint64		wait_start;		/* PostgreSQL: its wait's start (14+) */
+	Edge	   *edges;
+	int			nedges;
+	int			next;			/* edges[next - 1]: the one followed */
+} Step;
+
+/* Another backend's published wait, as the check found it */
+typedef struct Waiter
+{
+	RLWaitRecord r;
+	int			record;			/* its index in the records */
+} Waiter;
+
+typedef struct Check
+{
+	Waiter	   *waiters;		/* sorted by pid */
+	int			nwaiters;
+	RLRegistryHold *holds;		/* holds of the locks waited for, by key_id */
+	int			nholds;
+	int		   *waiting;		/* pids of every process seen waiting, and
+								 * ours: the only holders a cycle can go
+								 * through (sorted, once the waiters are in) */
+	int			nwaiting;
+	HTAB	   *seen;			/* pids reached */
+	Step	   *path;
+	int			depth;
+	int			path_cap;
+	int			followed;		/* processes whose waits were looked at */
+} Check;
+
+static int
+pid_cmp(const void *a, const void *b)
+{
+	int			x = ((const Waiter *) a)->r.pid;
+	int			y = ((const Waiter *) b)->r.pid;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static int
+u64_cmp(const void *a, const void *b)
+{
+	uint64		x = *(const uint64 *) a;
+	uint64		y = *(const uint64 *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static int
+hold_cmp(const void *a, const void *b)
+{
+	return u64_cmp(&((const RLRegistryHold *) a)->key_id,
+				   &((const RLRegistryHold *) b)->key_id);
+}
+
+static int
+int_cmp(const void *a, const void *b)
+{
+	int			x = *(const int *) a;
+	int			y = *(const int *) b;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/* Sort pids and drop duplicates; returns how many remain */
+static int
+sort_unique_pids(int *pids, int n)
+{
+	int			m = 0;
+	int			i;
+
+	qsort(pids, n, sizeof(int), int_cmp);
+	for (i = 0; i < n; i++)
+		if (m == 0 || pids[m - 1] != pids[i])
+			pids[m++] = pids[i];
+	return m;
+}
+
+/* Is a hold of held in the way of a wait for want?  Readers share. */
+static bool
+modes_conflict(RLProtocol want, RLProtocol held)
+{
+	return want != RL_PROTOCOL_RW_READ || held != RL_PROTOCOL_RW_READ;
+}
+
+/* The start of pid's current heavyweight-lock wait, 0 if none or unknown */
+static uint64
+wait_start_of(int pid)
+{
+#ifdef RL_HAVE_WAIT_START
+	PGPROC	   *proc = BackendPidGetProc(pid);
+	uint64		start;
+
+	if (proc == NULL)
+		return 0;
+	start = pg_atomic_read_u64(&proc->waitStart);
+	pg_read_barrier();
+	return proc->pid == pid ? start : 0;
+#else
+	return 0;
+#endif
+}
+
+/* pg_blocking_pids(pid): the processes its heavyweight-lock wait waits for */
+static int32 *
+blocking_pids(int pid, int *n)
+{
+	ArrayType  *a;
+
+	a = DatumGetArrayTypeP(DirectFunctionCall1(pg_blocking_pids,
+											   Int32GetDatum(pid)));
+	/* an int4[] without nulls, as pg_blocking_pids() builds it */
+	if (ARR_HASNULL(a) || ARR_ELEMTYPE(a) != INT4OID)
+		elog(ERROR, "unexpected result of pg_blocking_pids()");
+	*n = ArrayGetNItems(ARR_NDIM(a), ARR_DIMS(a));
+	return (int32 *) ((char *) a + ARR_OVERHEAD_NONULLS(ARR_NDIM(a)));
+}
+
+/*
+ * Every other process that waits for a heavyweight lock, folded into a
+ * fingerprint with the identity of its wait, and noted in c->waiting;
+ * *blocked counts them.  Reads PGPROCs without their locks: a wait that
+ * begins meanwhile changes the next fingerprint.
+ */
+static uint64
+scan_procs(Check *c, int *blocked)
+{
+	uint64		print = 0;
+	uint32		i;
+
+	*blocked = 0;
+	c->waiting = palloc(sizeof(int) * (2 * ProcGlobal->allProcCount + dl->nrecords + 1));
+	c->waiting[c->nwaiting++] = MyProcPid;
+	for (i = 0; i < ProcGlobal->allProcCount; i++)
+	{
+		PGPROC	   *proc = &ProcGlobal->allProcs[i];
+		int			pid = proc->pid;
+		bool		waits = proc->waitLock != NULL;
+
+		if (pid == 0 || pid == MyProcPid)
+			continue;
+#ifdef RL_HAVE_WAIT_START
+		{
+			uint64		start = pg_atomic_read_u64(&proc->waitStart);
+
+			if (start != 0)
+			{
+				print = hash_combine64(print, hash_combine64((uint64) pid, start));
+				waits = true;
+			}
+		}
+#endif
+		if (waits)
+		{
+			PGPROC	   *leader = proc->lockGroupLeader;
+
+			(*blocked)++;
+			c->waiting[c->nwaiting++] = pid;
+			/* a parallel worker's wait is its leader's, which holds the locks */
+			if (leader != NULL && leader != proc && leader->pid != 0)
+				c->waiting[c->nwaiting++] = leader->pid;
+		}
+	}
+	return print;
+}
+
+/* Copy the other backends' records, sorted by pid, folding in their seqs */
+static uint64
+snapshot_waiters(Check *c, uint64 print)
+{
+	Waiter	   *w = palloc(sizeof(Waiter) * Max(dl->nrecords, 1));
+	int			n = 0;
+	int			i;
+
+	LWLockAcquire(dl->records_lock, LW_SHARED);
+	for (i = 0; i < dl->nrecords; i++)
+	{
+		if (dl->records[i].pid == 0 || dl->records[i].pid == MyProcPid)
+			continue;
+		w[n].r = dl->records[i];
+		w[n].record = i;
+		n++;
+	}
+	LWLockRelease(dl->records_lock);
+	qsort(w, n, sizeof(Waiter), pid_cmp);
+	for (i = 0; i < n; i++)
+	{
+		print = hash_combine64(print, hash_combine64((uint64) w[i].r.pid, w[i].r.seq));
+		c->waiting[c->nwaiting++] = w[i].r.pid;
+	}
+	c->nwaiting = sort_unique_pids(c->waiting, c->nwaiting);
+	c->waiters = w;
+	c->nwaiters = n;
+	return print;
+}
+
+static Waiter *
+find_waiter(Check *c, int pid)
+{
+	Waiter		key;
+
+	key.r.pid = pid;
+	return bsearch(&key, c->waiters, c->nwaiters, sizeof(Waiter), pid_cmp);
+}
+
+/*
+ * The holds, in this server, of the locks whose ids are given (sorted,
+ * unique) by the given backends (sorted, unique): the registry's one pass,
+ * again with more room if it was short.
+ */
+static RLRegistryHold *
+holds_of(const uint64 *ids, int nids, const int *pids, int npids, int *nholds)
+{
+	int			cap = 16;
+	RLRegistryHold *holds = palloc(sizeof(RLRegistryHold) * cap);
+	int			n;
+
+	while ((n = rl_registry_holders(ids, nids, pids, npids, holds, cap)) > cap)
+	{
+		cap = n + n / 2;
+		holds = repalloc(holds, sizeof(RLRegistryHold) * cap);
+	}
+	qsort(holds, n, sizeof(RLRegistryHold), hold_cmp);
+	*nholds = n;
+	return holds;
+}
+
+/* Sort ids and drop duplicates; returns how many remain */
+static int
+sort_unique(uint64 *ids, int n)
+{
+	int			m = 0;
+	int			i;
+
+	qsort(ids, n, sizeof(uint64), u64_cmp);
+	for (i = 0; i < n; i++)
+		if (m == 0 || ids[m - 1] != ids[i])
+			ids[m++] = ids[i];
+	return m;
+}
+
+/* The edges of a wait for Redis locks: the conflicting holds of its keys */
+static void
+redis_edges(Check *c, Step *node, const RLWaitRecord *w)
+{
+	int			cap = 4;
+	int			k;
+
+	node->edges = palloc(sizeof(Edge) * cap);
+	for (k = 0; k < w->nkeys; k++)
+	{
+		int			lo = 0;
+		int			hi = c->nholds;
+
+		/* the first hold of the key */
+		while (lo < hi)
+		{
+			int			mid = lo + (hi - lo) / 2;
+
+			if (c->holds[mid].key_id < w->ids[k])
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (; lo < c->nholds && c->holds[lo].key_id == w->ids[k]; lo++)
+		{
+			RLRegistryHold *h = &c->holds[lo];
+
+			if (h->pid == node->pid || !modes_conflict(w->protocols[k], h->protocol))
+				continue;
+			if (node->nedges == cap)
+			{
+				cap *= 2;
+				node->edges = repalloc(node->edges, sizeof(Edge) * cap);
+			}
+			node->edges[node->nedges].pid = h->pid;
+			node->edges[node->nedges].key_id = h->key_id;
+			node->edges[node->nedges].name = h->name;
+			node->edges[node->nedges].protocol = w->protocols[k];
+			node->nedges++;
+		}
+	}
+}
+
+/* Put pid on the path, with the edges of whatever it waits for */
+static void
+push(Check *c, int pid)
+{
+	Step	   *node;
+	Waiter	   *w;
+
+	if (c->depth == c->path_cap)
+	{
+		c->path_cap *= 2;
+		c->path = repalloc(c->path, sizeof(Step) * c->path_cap);
+	}
+	node = &c->path[c->depth++];
+	memset(node, 0, sizeof(Step));
+	node->pid = pid;
+	c->followed++;
+	if (pid == MyProcPid)
+	{
+		node->redis = true;
+		node->record = -1;
+		node->seq = mine.seq;
+		redis_edges(c, node, &mine);
+	}
+	else if ((w = find_waiter(c, pid)) != NULL)
+	{
+		node->redis = true;
+		node->record = w->record;
+		node->seq = w->r.seq;
+		redis_edges(c, node, &w->r);
+	}
+	else
+	{
+		int32	   *pids;
+		int			n;
+		int			i;
+
+		/* the wait's identity first: a confirmation compares it afterwards */
+		node->wait_start = wait_start_of(pid);
+		pids = blocking_pids(pid, &n);
+		node->edges = palloc(sizeof(Edge) * Max(n, 1));
+		for (i = 0; i < n; i++)
+		{
+			/* 0: a prepared transaction, which never waits */
+			if (pids[i] == 0 || pids[i] == pid)
+				continue;
+			node->edges[node->nedges].pid = pids[i];
+			node->edges[node->nedges].key_id = 0;
+			node->edges[node->nedges].name = NULL;
+			node->edges[node->nedges].protocol = RL_PROTOCOL_SIMPLE;
+			node->nedges++;
+		}
+	}
+}
+
+/*
+ * Depth-first from this backend along the edges; true when one leads back
+ * to it: then c->path is the cycle, each node's edges[next - 1] the edge
+ * taken.  Each process is looked at once (at most one pg_blocking_pids()
+ * call each).
+ */
+static bool
+search(Check *c)
+{
+	HASHCTL		ctl;
+	bool		found;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(int);
+	ctl.entrysize = sizeof(int);
+	ctl.hcxt = CurrentMemoryContext;
+	c->seen = hash_create("redis_lock deadlock search", 64, &ctl,
+						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	c->path_cap = 8;
+	c->path = palloc(sizeof(Step) * c->path_cap);
+	c->depth = 0;
+	(void) hash_search(c->seen, &MyProcPid, HASH_ENTER, NULL);
+	push(c, MyProcPid);
+	while (c->depth > 0)
+	{
+		Step	   *top = &c->path[c->depth - 1];
+		int			pid;
+
+		if (top->next >= top->nedges)
+		{
+			c->depth--;			/* a dead end: never looked at again */
+			continue;
+		}
+		pid = top->edges[top->next++].pid;
+		if (pid == MyProcPid)
+			return true;
+		(void) hash_search(c->seen, &pid, HASH_ENTER, &found);
+		if (!found)
+			push(c, pid);
+	}
+	return false;
+}
+
+/*
+ * Is the cycle real?  The search read the processes at different moments;
+ * a process on it may have stopped waiting in between (released the lock,
+ * then began another wait), and failing a transaction for a cycle that
+ * never was all at once would be worse than a late detection.  So, with
+ * victim_lock held: (1) the registry's pass shows every Redis hold on the
+ * cycle, at one moment T; then (2) every PostgreSQL waiter is still blocked
+ * by the next process, in the same wait as when the search looked (its
+ * waitStart, 14+); then (3) every Redis waiter still has the publication
+ * the search followed.  Each process was then waiting over an interval
+ * containing T, and a waiting process takes and gives up nothing, so at T
+ * every edge of the cycle held at once.  (On 13 a PostgreSQL waiter's
+ * wait has no identity: (2) only sees it blocked by the next.)  Another
+ * member of the cycle that confirms it after us finds our record withdrawn,
+ * so it does not fail too.
+ */
+static bool
+confirm_cycle(Check *c)
+{
+	uint64	   *ids = palloc(sizeof(uint64) * Max(c->depth, 1));
+	int		   *pids = palloc(sizeof(int) * Max(c->depth, 1));
+	RLRegistryHold *holds;
+	int			nids = 0;
+	int			nholds;
+	int			i;
+	int			j;
+	bool		ok = true;
+
+	for (i = 0; i < c->depth; i++)
+		if (c->path[i].redis)
+		{
+			pids[nids] = c->path[i].edges[c->path[i].next - 1].pid;
+			ids[nids++] = c->path[i].edges[c->path[i].next - 1].key_id;
+		}
+	holds = holds_of(ids, sort_unique(ids, nids), pids,
+					 sort_unique_pids(pids, nids), &nholds);
+	for (i = 0; i < c->depth && ok; i++)
+	{
+		Step	   *n = &c->path[i];
+		Edge	   *e = &n->edges[n->next - 1];
+
+		if (!n->redis)
+			continue;
+		ok = false;
+		for (j = 0; j < nholds && !ok; j++)
+			ok = holds[j].key_id == e->key_id && holds[j].pid == e->pid &&
+				modes_conflict(e->protocol, holds[j].protocol);
+	}
+	for (i = 0; i < c->depth && ok; i++)
+	{
+		Step	   *n = &c->path[i];
+		int32	   *blockers;
+		int			nb;
+
+		if (n->redis)
+			continue;
+		blockers = blocking_pids(n->pid, &nb);
+		ok = false;
+		for (j = 0; j < nb && !ok; j++)
+			ok = blockers[j] == n->edges[n->next - 1].pid;
+		ok = ok && wait_start_of(n->pid) == n->wait_start;
+	}
+	if (ok)
+	{
+		LWLockAcquire(dl->records_lock, LW_SHARED);
+		for (i = 0; i < c->depth && ok; i++)
+		{
+			Step	   *n = &c->path[i];
+
+			if (n->redis && n->record >= 0)
+				ok = dl->records[n->record].pid == n->pid &&
+					dl->records[n->record].seq == n->seq;
+		}
+		LWLockRelease(dl->records_lock);
+	}
+	return ok;
+}
+
+/* "ShareLock on transaction 745": what pid waits for, or NULL */
+static char *
+describe_pg_wait(int pid)
+{
+	BlockedProcsData *d = GetBlockerStatusData(pid);
+	int			pass;
+	int			i;
+	int			j;
+
+	/* its own wait first, else one of its lock group's (parallel workers) */
+	for (pass = 0; pass < 2; pass++)
+	{
+		for (i = 0; i < d->nprocs; i++)
+		{
+			BlockedProcData *bp = &d->procs[i];
+
+			if (pass == 0 && bp->pid != pid)
+				continue;
+			for (j = bp->first_lock; j < bp->first_lock + bp->num_locks; j++)
+			{
+				LockInstanceData *li = &d->locks[j];
+				StringInfoData tag;
+
+				if (li->pid != bp->pid || li->waitLockMode == NoLock)
+					continue;
+				initStringInfo(&tag);
+				DescribeLockTag(&tag, &li->locktag);
+				return psprintf("%s on %s",
+								GetLockmodeName(li->locktag.locktag_lockmethodid,
+												li->waitLockMode),
+								tag.data);
+			}
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Fail this backend's wait for the confirmed cycle c->path, as PostgreSQL's
+ * DeadLockReport does: one line per process for the client, the same plus
+ * each process's query for the server log.
+ */
+pg_noreturn static void
+report_deadlock(Check *c)
+{
+	StringInfoData client;
+	StringInfoData log;
+	int			i;
+
+	initStringInfo(&client);
+	initStringInfo(&log);
+	for (i = 0; i < c->depth; i++)
+	{
+		Step	   *n = &c->path[i];
+		Edge	   *e = &n->edges[n->next - 1];
+
+		if (i > 0)
+			appendStringInfoChar(&client, '\n');
+		if (n->redis)
+			appendStringInfo(&client,
+							 e->protocol == RL_PROTOCOL_RW_READ ?
+							 "Process %d waits for a read hold of Redis lock \"%s\"; blocked by process %d." :
+							 e->protocol == RL_PROTOCOL_RW_WRITE ?
+							 "Process %d waits for the write hold of Redis lock \"%s\"; blocked by process %d." :
+							 "Process %d waits for Redis lock \"%s\"; blocked by process %d.",
+							 n->pid, e->name, e->pid);
+		else
+		{
+			char	   *what = describe_pg_wait(n->pid);
+
+			if (what != NULL)
+				appendStringInfo(&client,
+								 "Process %d waits for %s; blocked by process %d.",
+								 n->pid, what, e->pid);
+			else
+				appendStringInfo(&client,
+								 "Process %d waits for a PostgreSQL lock; blocked by process %d.",
+								 n->pid, e->pid);
+		}
+	}
+	appendStringInfoString(&log, client.data);
+	for (i = 0; i < c->depth; i++)
+		appendStringInfo(&log, "\nProcess %d: %s", c->path[i].pid,
+						 pgstat_get_backend_current_activity(c->path[i].pid, false));
+	pgstat_report_deadlock();
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
+			 errmsg("deadlock detected"),
+			 errdetail_internal("%s", client.data),
+			 errdetail_log("%s", log.data),
+			 errhint("See server log for query details.")));
+}
+
+/*
+ * One check: is this backend, waiting for its keys, on a cycle of waits?
+ * Raises 40P01 when it is (and it confirmed the cycle first).  Its cost:
+ * a look at every PGPROC and record; only when a wait began since the
+ * last check (PostgreSQL 14+; on 13, always) one pass over the registry
+ * and a pg_blocking_pids() call per process the search reaches.
+ */
+static void
+run_check(void)
+{
+	MemoryContext cxt;
+	MemoryContext old;
+	Check		c;
+	TimestampTz started = GetCurrentTimestamp();
+	uint64		print;
+	uint64	   *ids;
+	int			nids = 0;
+	int			blocked;
+	int			i;
+	int			k;
+	bool		confirmed;
+
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "redis_lock deadlock check",
+								ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(cxt);
+	memset(&c, 0, sizeof(c));
+	print = scan_procs(&c, &blocked);
+	print = snapshot_waiters(&c, print);
+	if (quiet_valid && print == quiet_print)
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: no wait began since the last check, %ld us",
+								 (long) (GetCurrentTimestamp() - started))));
+		goto done;
+	}
+	if (blocked + c.nwaiters == 0)
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: no other process waits, %ld us",
+								 (long) (GetCurrentTimestamp() - started))));
+		goto quiet;
+	}
+
+	/* the holds of every lock a published wait waits for, in one pass */
+	ids = palloc(sizeof(uint64) * (mine.nkeys + (Size) c.nwaiters * RL_DEADLOCK_MAX_KEYS + 1));
+	for (k = 0; k < mine.nkeys; k++)
+		ids[nids++] = mine.ids[k];
+	for (i = 0; i < c.nwaiters; i++)
+		for (k = 0; k < c.waiters[i].r.nkeys; k++)
+			ids[nids++] = c.waiters[i].r.ids[k];
+	nids = sort_unique(ids, nids);
+	c.holds = holds_of(ids, nids, c.waiting, c.nwaiting, &c.nholds);
+
+	if (!search(&c))
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: no cycle; %d other process(es) waiting, %d Redis hold(s) of %d lock(s) waited for, %d process(es) followed, %ld us",
+								 blocked + c.nwaiters, c.nholds, nids, c.followed,
+								 (long) (GetCurrentTimestamp() - started))));
+		goto quiet;
+	}
+
+	LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
+	confirmed = confirm_cycle(&c);
+	if (confirmed)
+		rl_deadlock_wait_end(); /* our record goes before the next looks */
+	LWLockRelease(dl->victim_lock);
+	if (confirmed)
+	{
+		MemoryContextSwitchTo(old);
+		report_deadlock(&c);
+	}
+	ereport(DEBUG1,
+			(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
+							 c.depth)));
+	quiet_valid = false;
+	goto done;
+
+quiet:
+#ifdef RL_HAVE_WAIT_START
+	quiet_valid = true;
+	quiet_print = print;
+#endif
+done:
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+}
+
+/*
+ * In a wait's loop: check for a deadlock if one is due (deadlock_timeout
+ * after the wait began, then every deadlock_timeout), raising 40P01 when
+ * this backend is on a cycle.  O(1) when none is due.
+ */
+void
+rl_deadlock_check_due(TimestampTz now)
+{
+	if (!waiting || now < next_check)
+		return;
+	next_check = TimestampTzPlusMilliseconds(now, recheck_ms);
+	/* never an ERROR where interrupts are held off */
+	if (InterruptHoldoffCount > 0 || CritSectionCount > 0)
+		return;
+	if (!published)
+		publish();
+	run_check();
+	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
+}
