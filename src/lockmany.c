@@ -350,6 +350,8 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	int			nd = 0;
 	long		backoff = 8;
 	MemoryContext old;
+	RLWaitKey  *wait_keys;
+	int			nwait = 0;
 	int			i;
 
 	rl_stats_add(RL_STAT_WAITS, 1);
@@ -380,9 +382,26 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	rl_subscribe_each(subs, ns, rl_pubsub_subscribe_cmd(), channels, keys,
 					  rl_command_timeout_ms);
 
+	/*
+	 * For the deadlock check (deadlock.c) the set's waiter waits for every
+	 * lock of it that the session does not hold yet: any of them held
+	 * elsewhere keeps the whole set from being granted.
+	 */
+	wait_keys = palloc(sizeof(RLWaitKey) * c->n);
+	for (i = 0; i < c->n; i++)
+	{
+		if (c->m[i].held)
+			continue;
+		wait_keys[nwait].target_spec = c->target->spec;
+		wait_keys[nwait].key = pstrdup(c->m[i].e->names.key);
+		wait_keys[nwait++].protocol = c->m[i].e->names.protocol;
+	}
+	rl_deadlock_wait_begin(wait_keys, nwait);
+
 	for (;;)
 	{
 		TimestampTz now;
+		TimestampTz wake;
 		long		sleep_ms;
 		int			nw = 0;
 
@@ -419,11 +438,17 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 			wchannels[nw] = channels[i];
 			wkeys[nw++] = keys[i];
 		}
+		wake = TimestampTzPlusMilliseconds(now, sleep_ms);
 		/* what the wait allocates goes with the next attempt's reset */
 		old = MemoryContextSwitchTo(c->attempt_cxt);
-		(void) rl_wait_for_any_message(wsubs, nw, wchannels, wkeys, sleep_ms);
+		/* a deadlock check that comes due meanwhile runs without an attempt */
+		while (!rl_wait_for_any_message(wsubs, nw, wchannels, wkeys,
+										(long) ((rl_deadlock_wake_at(wake) - now + 999) / 1000)) &&
+			   (now = GetCurrentTimestamp()) < wake)
+			rl_deadlock_check_due(now);
 		MemoryContextSwitchTo(old);
 	}
+	rl_deadlock_wait_end();
 	rl_unsubscribe_each_async(subs, ns, rl_pubsub_unsubscribe_cmd(), channels, keys);
 	rl_many_unsubscribed();
 	rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));

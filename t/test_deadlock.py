@@ -698,3 +698,28 @@ def test_check_cost_with_many_locks_held():
         r.stop()
         for s in made:
             s.close()
+
+
+def test_acquire_many_waiter_closes_a_cycle(sessions, rc, table):
+    """A waiter for several locks waits for every one it does not hold yet:
+    A holds one of the set and waits for B's row lock; B's acquire_many of
+    the set is the victim."""
+    a, b, admin = sessions(), sessions(), sessions()
+    b.run(DEADLOCK_TIMEOUT)
+    a.run("BEGIN")
+    assert a.run("SELECT redis_lock_acquire('dl:many2', xact => true) > 0")
+    b.run("BEGIN")
+    b.run(update(7))
+    b_xid = xid(b)
+    a.start(update(7))
+    wait_for_lock_wait(admin, a.pid)
+    start(b, "SELECT redis_lock_acquire_many(ARRAY['dl:many1', 'dl:many2'], wait => '10s')")
+    assert_deadlock(b, [
+        'Process %d waits for Redis lock "dl:many2"; blocked by process %d.' % (b.pid, a.pid),
+        "Process %d waits for ShareLock on transaction %d; blocked by process %d."
+        % (a.pid, b_xid, b.pid)])
+    assert rc.get("dl:many1") is None, "the set's waiter holds none of it"
+    b.run("ROLLBACK")
+    a.join(10)
+    assert a.error is None, a.error
+    a.run("COMMIT")
