@@ -1743,8 +1743,8 @@ rl_release_one_error_safe(const char *name)
 		return;
 	}
 	became_doubt(e);
-	if (release_later(&e, 1) > 0)
-		release_soft(&e, 1, warn_for_all(1), false);
+	/* (waited for: an error path, where a round trip more costs nothing) */
+	release_soft(&e, 1, warn_for_all(1), false);
 }
 
 /*

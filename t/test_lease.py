@@ -130,11 +130,12 @@ def test_commit_costs_one_round_trip_to_verify_however_many_locks(env):
                     "FROM generate_series(1, 20) g")
         cur.execute("SELECT redis_lock_acquire('one', ttl => '30s', xact => true)")
         t0 = time.monotonic()
-        a.conn.commit()          # verify (1 round trip) + release (1 round trip)
+        a.conn.commit()          # verify (1 round trip); the release is sent, not waited for
         took = time.monotonic() - t0
         print("\nCOMMIT of 21 xact locks through a 100 ms-RTT proxy: %.0f ms" % (took * 1000))
-        assert took < 0.35                           # two round trips of 100 ms
-        assert r.client().keys("many-*") == []
+        assert took < 0.35                           # not 21 round trips of 100 ms
+        testbed.wait_until(lambda: r.client().keys("many-*") == [], 2, 0.01,
+                           what="the releases sent at COMMIT to run")
     finally:
         proxy.stop()
 
