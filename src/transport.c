@@ -99,6 +99,7 @@ typedef struct RunConn
 	bool		wrote;			/* some bytes were written this run */
 	bool		asked;			/* the next call's ASKING reply was consumed */
 	bool		probing;		/* the handshake's last command is the probe */
+	bool		owed_retried;	/* sent again once: owed replies were overdue */
 	bool		failed;
 	RLFailure	failure;
 	char	   *reason;			/* detail of the failure */
@@ -1309,6 +1310,25 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 						 psprintf("timed out after %s", rl_format_ms(rl_connect_timeout_ms)));
 			continue;
 		}
+		if (!rc->connecting && rc->conn->nowed > 0 &&
+			now >= rc->conn->owed[0].deadline && !rc->owed_retried)
+		{
+			/*
+			 * Replies owed to earlier sends, which ours queue behind, are
+			 * overdue: they fail (outcome unknown), and our calls go again
+			 * once on a fresh connection, with a deadline of their own.
+			 */
+			owed_fail_all(rc->conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+						  psprintf("no reply within %s",
+								   rl_format_ms(rc->conn->owed[0].timeout_ms)));
+			rl_conn_close(rc->conn);
+			rc->owed_retried = true;
+			queue_run(rc, now);
+			if (rc->failed)
+				continue;
+			if (!rc->connecting && !flush_some(rc))
+				continue;
+		}
 		if (!rc->connecting && now >= rc->deadline)
 		{
 			run_fail(rc, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
@@ -1334,6 +1354,9 @@ next_deadline_ms(RunConn *runs, const SockWait *sw, TimestampTz now)
 		RunConn    *rc = &runs[sw->owner[i]];
 		TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
 
+		/* replies owed before ours may be given up on sooner */
+		if (!rc->connecting && rc->conn->nowed > 0 && !rc->owed_retried)
+			until = Min(until, rc->conn->owed[0].deadline);
 		if (!run_done(rc))
 			wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
 	}
