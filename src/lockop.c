@@ -482,6 +482,9 @@ rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
 	int			ncalls;
 	int			nsend = 0;
 	int			timeout = rl_command_timeout_ms;
+	RLConn	  **conns;
+	bool	   *ready;
+	int			nconns = 0;
 	int			i;
 	int			c;
 
@@ -501,7 +504,25 @@ rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
 	ncalls = build_round(ops, nops, RL_RUN_SOFT, calls, unrouted, held);
 	send = palloc(sizeof(RLCall *) * Max(ncalls, 1));
 
-	/* which ops can go: every connection they need is ready */
+	/*
+	 * Which connections are ready, each asked once, then which ops can go:
+	 * every connection they need is ready.
+	 */
+	conns = palloc(sizeof(RLConn *) * Max(ncalls, 1));
+	ready = palloc(sizeof(bool) * Max(ncalls, 1));
+	for (c = 0; c < ncalls; c++)
+	{
+		int			j;
+
+		if (calls[c].conn == NULL)
+			continue;
+		for (j = 0; j < nconns && conns[j] != calls[c].conn; j++)
+			;
+		if (j == nconns)
+			conns[nconns++] = calls[c].conn;
+	}
+	for (c = 0; c < nconns; c++)
+		ready[c] = rl_conn_ready_to_send(conns[c]);
 	for (i = 0; i < nops; i++)
 	{
 		RLLockOp   *op = &ops[i];
@@ -509,17 +530,14 @@ rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
 
 		sent[i] = !unrouted[i] && op->nodes > 0;
 		for (c = 0; sent[i] && c < op->nodes * op->stride; c++)
-			if (held[first + c] || !rl_conn_ready_to_send(op->calls[c].conn))
-				sent[i] = false;
-	}
-	/* (a check above may have closed a connection an earlier op needs) */
-	for (i = 0; i < nops; i++)
-	{
-		RLLockOp   *op = &ops[i];
+		{
+			int			j;
 
-		for (c = 0; sent[i] && c < op->nodes * op->stride; c++)
-			if (!rl_conn_ready_to_send(op->calls[c].conn))
+			for (j = 0; j < nconns && conns[j] != op->calls[c].conn; j++)
+				;
+			if (held[first + c] || j == nconns || !ready[j])
 				sent[i] = false;
+		}
 		for (c = 0; sent[i] && c < op->nodes * op->stride; c++)
 			send[nsend++] = &op->calls[c];
 		if (sent[i])
@@ -527,6 +545,8 @@ rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
 	}
 	if (nsend > 0)
 		rl_send(send, nsend, timeout);
+	pfree(conns);
+	pfree(ready);
 	pfree(send);
 	pfree(held);
 	pfree(unrouted);

@@ -67,8 +67,7 @@ static uint64 last_serial = 0;	/* RLHeld.serial of the newest entry */
  */
 typedef struct PendingRelease
 {
-	char		hkey[RL_MAX_NAME_LEN + 2];
-	char		name[RL_MAX_NAME_LEN + 1];
+	char		hkey[RL_MAX_NAME_LEN + 2];	/* the entry's: mode letter + name */
 	uint64		serial;			/* of the entry it releases */
 	bool		superseded;		/* the same entry was acquired again */
 	RLLockOp   *op;
@@ -801,7 +800,6 @@ release_later(RLHeld **ents, int n)
 		PendingRelease *p = &recs[i];
 
 		strlcpy(p->hkey, e->hkey, sizeof(p->hkey));
-		strlcpy(p->name, e->name, sizeof(p->name));
 		p->serial = e->serial;
 		copy_names(&p->names, &e->names);
 		op_init(&ops[i], RL_OP_RELEASE, e, e->lease_ms);
@@ -846,11 +844,11 @@ report_superseded(PendingRelease *p, int result)
 	if (result == 0)
 		ereport(WARNING,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-				 errmsg("Redis lock \"%s\" was lost", p->name),
+				 errmsg("Redis lock \"%s\" was lost", p->hkey + 1),
 				 errdetail("Its lease expired or another client deleted or took over key \"%s\".",
 						   p->names.key)));
 	else if (result == RELEASE_UNKNOWN && !p->op->goes_again)
-		report_call(WARNING, RL_ACTION_RELEASE, p->name, p->op->failure);
+		report_call(WARNING, RL_ACTION_RELEASE, p->hkey + 1, p->op->failure);
 }
 
 /*

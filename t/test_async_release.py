@@ -156,6 +156,52 @@ def test_owed_reply_then_new_commands_stay_in_step(env, protocol):
     assert warnings(s) == []
 
 
+def test_a_release_that_did_not_run_is_sent_again_by_the_next_call(env):
+    """The scripts are flushed while the release is on its way: its reply is
+    NOSCRIPT (it did not run).  The next call sends it again, waiting for it
+    (one round trip more, rare): released, nothing to warn about."""
+    rc, pg, session = env
+    s = session()
+    s.run("SET redis_lock.verify_on_commit = off")
+    s.run("BEGIN")
+    s.run("SELECT redis_lock_acquire('a-noscript', xact => true)")
+    rc.config_resetstat()
+    s.run("COMMIT")
+    rc.script_flush()                   # the request is still in the proxy
+
+    def arrived():
+        st = rc.info("commandstats").get("cmdstat_evalsha", {})
+        return sum(st.get(k, 0) for k in ("calls", "failed_calls", "rejected_calls")) >= 1
+    testbed.wait_until(arrived, 5, 0.01, what="the release to reach Redis")
+    assert rc.exists("a-noscript"), "the release ran although its script was flushed"
+    # once its reply is back, a call sends it again and waits for it
+    testbed.wait_until(lambda: s.run("SELECT count(*) FROM redis_lock_held()") == 0 and
+                       not rc.exists("a-noscript"), 5, 0.05, what="the release sent again")
+    assert warnings(s) == []
+
+
+def test_reacquire_behind_a_release_that_did_not_run(env):
+    """As above, but the same lock is acquired again at once: the acquire
+    goes behind the release with the same token, finds its own token (the
+    release did not run) and is granted; the release is not sent again (it
+    would delete the new hold)."""
+    rc, pg, session = env
+    s = session()
+    s.run("SET redis_lock.verify_on_commit = off")
+    s.run("BEGIN")
+    s.run("SELECT redis_lock_acquire('a-noscript2', xact => true)")
+    s.run("COMMIT")
+    rc.script_flush()
+    assert s.run("SELECT redis_lock_acquire('a-noscript2', ttl => '30s')")
+    assert rc.exists("a-noscript2")
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 1
+    assert rc.exists("a-noscript2"), "the old release was sent again over the new hold"
+    assert s.run("SELECT held_by_me FROM redis_lock_status('a-noscript2')")
+    assert s.run("SELECT redis_lock_release('a-noscript2')")
+    assert not rc.exists("a-noscript2")
+    assert warnings(s) == []
+
+
 def test_exit_with_a_release_on_its_way(env):
     rc, pg, session = env
     s = session()
