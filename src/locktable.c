@@ -860,10 +860,11 @@ report_superseded(PendingRelease *p, int result)
  * worker or settle_doubts.  A node that did not run it and would have been
  * asked again (a redirection, NOSCRIPT after a restart) has it run again
  * here, synchronously: interruptible when the caller is (a cancel leaves
- * those entries doubts), else bounded as release_soft.
+ * those entries doubts), else bounded as release_soft; without send_again
+ * those stay pending for the next safe point.
  */
 static void
-settle_pending(bool interruptible)
+settle_pending(bool interruptible, bool send_again)
 {
 	PendingRelease **pp;
 	PendingRelease *p;
@@ -881,8 +882,11 @@ settle_pending(bool interruptible)
 		RLHeld	   *e;
 		int			result;
 
-		if (!rl_lock_op_answered(op))
+		if (!rl_lock_op_answered(op) ||
+			(!send_again && op->goes_again && !p->superseded &&
+			 !RL_OP_YES(op) && !RL_OP_NO(op)))
 		{
+			/* not in yet, or to be sent again at the next safe point */
 			pp = &p->next;
 			continue;
 		}
@@ -1132,7 +1136,7 @@ rl_safe_point(void)
 	call_seq++;
 	ensure_table();
 	if (npending > 0)
-		settle_pending(true);
+		settle_pending(true, true);
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
 	if (nqueued > 0)
@@ -1619,14 +1623,18 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	{
 		grant(e, op.fence_value, lease_ms, watchdog, scope);
 		*obtained = true;
-		/* an earlier release answered during this round trip says so now */
+		/*
+		 * An earlier release answered during this round trip says so now;
+		 * no round trip here (a cancel in it would fail an acquire that
+		 * counted its grant).
+		 */
 		if (npending > 0)
-			settle_pending(true);
+			settle_pending(false, false);
 		return e->fence;
 	}
 	not_granted(e, outcome, &op);
 	if (npending > 0)
-		settle_pending(true);
+		settle_pending(false, false);
 	return 0;
 }
 
@@ -2204,7 +2212,7 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	{
 		HOLD_INTERRUPTS();
 		rl_wait_owed(RL_EXIT_TIMEOUT_MS);
-		settle_pending(false);
+		settle_pending(false, true);
 		RESUME_INTERRUPTS();
 	}
 	MemoryContextSwitchTo(work_cxt);
