@@ -6,7 +6,9 @@
  *	  script, or the commands of its script-free form -- all sent in one
  *	  round trip, and the answers counted into one decision by majority
  *	  (yes >= quorum, or no > nodes - quorum).  Also what a failed call
- *	  means: not run, or an outcome nobody knows.
+ *	  means: not run, or an outcome nobody knows.  A release can also be
+ *	  sent without waiting (rl_lock_ops_send) and counted once its replies
+ *	  are in (rl_lock_op_answered).
  *
  *	  Must not: build scripts or names (protocol.c does), keep state about
  *	  held locks (locktable.c does), raise for a node's failure in soft mode.

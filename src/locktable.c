@@ -21,6 +21,13 @@
  *	  holds a lock it does not, and no unknown grant is left in Redis longer
  *	  than needed.
  *
+ *	  The releases after COMMIT and ABORT, at ROLLBACK TO SAVEPOINT and at
+ *	  the end of redis_lock_with_lock are sent without waiting for their
+ *	  answers (release_later): their entries stay, with no holds and marked
+ *	  releasing, until the answers are read (at the connection's next use or
+ *	  a safe point) and settled (settle_pending) as a waited-for release
+ *	  would have been; a failure there becomes a doubt.
+ *
  *	  Must not: call hiredis (transport.c and stream.c do; its header is
  *	  included here only for the REDIS_REPLY_* codes of an RLReply's type),
  *	  know script bodies (protocol.c does), define SQL-callable functions

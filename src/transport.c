@@ -3,7 +3,9 @@
  * transport.c
  *	  Owns connections to Redis servers (each over a stream, stream.c),
  *	  their handshake (AUTH, SELECT, CLIENT SETNAME), pipelined round trips
- *	  over one or many sockets at once, and pub/sub subscriber connections.
+ *	  over one or many sockets at once, calls sent without waiting whose
+ *	  replies are owed on their connection (rl_send), and pub/sub
+ *	  subscriber connections.
  *
  *	  Every wait goes through a WaitEventSet on the process latch plus the
  *	  sockets, so query cancel, statement_timeout, backend termination and
