@@ -256,3 +256,90 @@ def test_owed_reply_then_new_commands_stay_in_step_over_tls(tls_slow):
         assert warnings(s) == []
     finally:
         s.close()
+
+
+# ================================================================ Redlock and Cluster
+
+@pytest.fixture(scope="module")
+def masters():
+    ms = [testbed.Redis().start() for _ in range(3)]
+    pg = testbed.Postgres(conf={"redis_lock.nodes": ",".join(m.url for m in ms)}
+                          ).init().start().with_extension()
+    yield ms, pg
+    pg.cleanup()
+    for m in ms:
+        m.stop()
+
+
+def test_redlock_release_after_commit_reaches_every_master(masters):
+    """The release after COMMIT goes to every master at once; its replies are
+    counted by majority when read, as a waited-for release's."""
+    ms, pg = masters
+    clients = [m.client() for m in ms]
+    for c in clients:
+        c.flushall()
+    s = Session(pg)
+    try:
+        for i in range(3):
+            s.run("BEGIN")
+            assert s.run("SELECT redis_lock_try_acquire('rl-x', xact => true)")
+            assert all(c.exists("rl-x") for c in clients)
+            s.run("COMMIT")
+            testbed.wait_until(lambda: not any(c.exists("rl-x") for c in clients), 5, 0.01,
+                               what="every master to run the release")
+            # again at once, right behind the release (the same token)
+            s.run("BEGIN")
+            assert s.run("SELECT redis_lock_try_acquire('rl-x', xact => true)")
+            s.run("COMMIT")
+            assert s.run("SELECT redis_lock_try_acquire('rl-x', ttl => '30s')")
+            assert sum(c.exists("rl-x") for c in clients) >= 2
+            assert s.run("SELECT redis_lock_release('rl-x')")
+            assert not any(c.exists("rl-x") for c in clients)
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        assert warnings(s) == []
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = [testbed.cluster_node().start() for _ in range(3)]
+    testbed.create_cluster(nodes)
+    pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url, "redis_lock.cluster": "on"}
+                          ).init().start().with_extension()
+    yield nodes, pg
+    pg.cleanup()
+    for n in nodes:
+        n.stop()
+
+
+def test_cluster_releases_after_commit_go_to_each_key_s_node(cluster):
+    """Locks on every node of a Cluster, released after COMMIT without
+    waiting (one send per node), then taken again at once."""
+    nodes, pg = cluster
+    import redis as redis_mod
+    rc = redis_mod.RedisCluster(host="127.0.0.1", port=nodes[0].port)
+    names = ["cl-%d" % i for i in range(12)]
+    s = Session(pg)
+    try:
+        s.run("BEGIN")
+        s.run("SELECT count(redis_lock_acquire(n, xact => true)) FROM unnest(%s::text[]) n",
+              (names,))
+        assert all(rc.exists(n) for n in names)
+        s.run("COMMIT")
+        testbed.wait_until(lambda: not any(rc.exists(n) for n in names), 5, 0.01,
+                           what="every node to run its releases")
+        s.run("BEGIN")
+        s.run("SELECT count(redis_lock_acquire(n, xact => true)) FROM unnest(%s::text[]) n",
+              (names,))
+        s.run("COMMIT")
+        assert s.run("SELECT bool_and(redis_lock_try_acquire(n, ttl => '30s')) "
+                     "FROM unnest(%s::text[]) n", (names,))
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == len(names)
+        assert all(rc.exists(n) for n in names)
+        assert s.run("SELECT redis_lock_release_all()") == len(names)
+        assert not any(rc.exists(n) for n in names)
+        assert warnings(s) == []
+    finally:
+        s.close()
+        rc.close()
