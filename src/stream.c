@@ -880,6 +880,18 @@ rl_stream_next_reply(RLStream *s, void **reply, char **reason)
 }
 
 /*
+ * Does the reply reader hold bytes that are not yet a whole reply (the
+ * start of one whose rest is still to come)?  Call after taking out every
+ * complete reply.
+ */
+bool
+rl_stream_has_partial_reply(const RLStream *s)
+{
+	/* bytes not parsed yet, or an aggregate reply parsed in part */
+	return reader_has_bytes(s->reader) || s->reader->ridx >= 0;
+}
+
+/*
  * Has an idle stream bytes (or an EOF) nobody asked for?  With TLS the
  * records waiting are read first: a TLS 1.3 session ticket is not data.
  */

@@ -77,6 +77,7 @@ static void owed_fail_all(RLConn *conn, RLFailure failure, int errcode,
 						  const char *reason);
 static bool owed_drain(RLConn *conn);
 static void poll_conn(RLConn *conn, TimestampTz now);
+static void finish_owed_reply(RLConn *conn);
 
 /* Commands every handshake asks about (rl_probe_commands); 0: none */
 static const char *const *probe_names = NULL;
@@ -1253,6 +1254,9 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 		/* what already came for earlier sends is theirs, whatever follows */
 		if (conn->stream != NULL && conn->nowed > 0)
 			poll_conn(conn, now);
+		if (conn->stream != NULL && conn->nowed > 0 &&
+			rl_stream_has_partial_reply(conn->stream))
+			finish_owed_reply(conn);
 		/* (replies owed to earlier sends are bytes asked for) */
 		if (conn->stream != NULL &&
 			(conn->busy || conn->generation != rl_settings_generation ||
@@ -1690,6 +1694,54 @@ poll_conn(RLConn *conn, TimestampTz now)
 }
 
 /*
+ * An owed reply has begun to come on conn but is not whole: wait for its
+ * end (up to its deadline) before anything more is sent there.  A server
+ * that stops mid-reply and then answers the next command would otherwise
+ * complete the owed frame with that command's reply, out of step for good.
+ * Rare: a release's reply is a few bytes.  What does not end in time fails,
+ * the connection closed.
+ */
+static void
+finish_owed_reply(RLConn *conn)
+{
+	bool		cut = false;
+	TimestampTz deadline = conn->owed[0].deadline;
+
+	while (conn->stream != NULL && conn->nowed > 0 &&
+		   rl_stream_has_partial_reply(conn->stream))
+	{
+		SockWait	sw;
+		TimestampTz now = GetCurrentTimestamp();
+
+		if (!cut && held_wait_interrupted())
+		{
+			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
+			cut = true;
+		}
+		if (now >= deadline)
+		{
+			owed_fail_all(conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+						  psprintf("no whole reply within %s",
+								   rl_format_ms(conn->owed[0].timeout_ms)));
+			rl_conn_close(conn);
+			return;
+		}
+		sw.nsock = 0;
+		sock_add(&sw, rl_stream_socket(conn->stream), rl_stream_events(conn->stream), 0);
+		if (wait_sockets(&sw, Max((long) ((deadline - now + 999) / 1000), 1),
+						 RL_WAIT_REPLY) < 0)
+		{
+			owed_fail_all(conn, RL_FAIL_LOCAL, ERRCODE_CONNECTION_FAILURE,
+						  "postmaster exited");
+			rl_conn_close(conn);
+			return;
+		}
+		/* (no deadline check here: poll_conn's is the owed call's own) */
+		poll_conn(conn, GetCurrentTimestamp());
+	}
+}
+
+/*
  * Can calls be sent on conn without waiting for anything first?  It must be
  * open, set up under the settings of now, not left mid-reply, with nothing
  * unsent and nothing come that nobody asked for.  Never a subscriber.
@@ -1704,7 +1756,9 @@ rl_conn_ready_to_send(RLConn *conn)
 	if (conn->nowed > 0)
 	{
 		poll_conn(conn, GetCurrentTimestamp());
-		return conn->stream != NULL;
+		/* not behind a reply that has begun and not ended (see write_runs) */
+		return conn->stream != NULL &&
+			(conn->nowed == 0 || !rl_stream_has_partial_reply(conn->stream));
 	}
 	/* a connection the server closed meanwhile shows its EOF here */
 	return !has_unasked_bytes(conn);
