@@ -626,7 +626,8 @@ redis_lock_with_lock(PG_FUNCTION_ARGS)
 	}
 	PG_END_TRY();
 
-	(void) rl_release(RL_MODE_EXCLUSIVE, name);
+	/* nothing here depends on the release's answer: not waited for */
+	rl_release_nowait(name);
 	PG_RETURN_INT64((int64) processed);
 }
 

@@ -6,7 +6,9 @@
  *	  script, or the commands of its script-free form -- all sent in one
  *	  round trip, and the answers counted into one decision by majority
  *	  (yes >= quorum, or no > nodes - quorum).  Also what a failed call
- *	  means: not run, or an outcome nobody knows.
+ *	  means: not run, or an outcome nobody knows.  A release can also be
+ *	  sent without waiting (rl_lock_ops_send) and counted once its replies
+ *	  are in (rl_lock_op_answered).
  *
  *	  Must not: build scripts or names (protocol.c does), keep state about
  *	  held locks (locktable.c does), raise for a node's failure in soft mode.
@@ -457,6 +459,141 @@ rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode)
 		follow_up_round(&follow, start);
 	pfree(unrouted);
 	pfree(held);
+}
+
+/*
+ * Send ops (releases: nothing depends on their answers now) without
+ * waiting for the answers; sent[i] tells which went.  An op goes only when
+ * its nodes are known, each node's connection can take it at once (open
+ * and in step, see rl_conn_ready_to_send) and, script-free, each node's
+ * commands are known; any other is left to the caller, to run as usual.
+ * The ops (and the names they point to) must live until
+ * rl_lock_op_answered says they are answered; what is built here lives in
+ * rl_owed_context().  Only the writes are waited for: interrupts raise
+ * there unless held.  Never raises for a Redis failure.
+ */
+void
+rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
+{
+	MemoryContext old = MemoryContextSwitchTo(rl_owed_context());
+	RLCall	   *calls;
+	RLCall	  **send;
+	bool	   *unrouted;
+	bool	   *held;
+	int			total = 0;
+	int			ncalls;
+	int			nsend = 0;
+	int			timeout = rl_command_timeout_ms;
+	RLConn	  **conns;
+	bool	   *ready;
+	int			nconns = 0;
+	int			i;
+	int			c;
+
+	for (i = 0; i < nops; i++)
+	{
+		RLLockOp   *op = &ops[i];
+
+		Assert(op->kind == RL_OP_RELEASE);
+		op->unit_calls = rl_unit_calls(op->kind, op->names, op->fence);
+		op->stride = op->unit_calls;
+		op->goes_again = false;
+		total += rl_target_max_nodes(op->target) * op->stride;
+	}
+	calls = palloc0(sizeof(RLCall) * Max(total, 1));
+	held = palloc0(sizeof(bool) * Max(total, 1));
+	unrouted = palloc0(sizeof(bool) * Max(nops, 1));
+	ncalls = build_round(ops, nops, RL_RUN_SOFT, calls, unrouted, held);
+	send = palloc(sizeof(RLCall *) * Max(ncalls, 1));
+
+	/*
+	 * Which connections are ready, each asked once, then which ops can go:
+	 * every connection they need is ready.
+	 */
+	conns = palloc(sizeof(RLConn *) * Max(ncalls, 1));
+	ready = palloc(sizeof(bool) * Max(ncalls, 1));
+	for (c = 0; c < ncalls; c++)
+	{
+		int			j;
+
+		if (calls[c].conn == NULL)
+			continue;
+		for (j = 0; j < nconns && conns[j] != calls[c].conn; j++)
+			;
+		if (j == nconns)
+			conns[nconns++] = calls[c].conn;
+	}
+	for (c = 0; c < nconns; c++)
+		ready[c] = rl_conn_ready_to_send(conns[c]);
+	for (i = 0; i < nops; i++)
+	{
+		RLLockOp   *op = &ops[i];
+		int			first = op->calls - calls;
+
+		sent[i] = !unrouted[i] && op->nodes > 0;
+		for (c = 0; sent[i] && c < op->nodes * op->stride; c++)
+		{
+			int			j;
+
+			for (j = 0; j < nconns && conns[j] != op->calls[c].conn; j++)
+				;
+			if (held[first + c] || j == nconns || !ready[j])
+				sent[i] = false;
+		}
+		for (c = 0; sent[i] && c < op->nodes * op->stride; c++)
+			send[nsend++] = &op->calls[c];
+		if (sent[i])
+			timeout = Min(timeout, rl_target_timeout(op->target));
+	}
+	if (nsend > 0)
+		rl_send(send, nsend, timeout);
+	pfree(conns);
+	pfree(ready);
+	pfree(send);
+	pfree(held);
+	pfree(unrouted);
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Has every reply a sent op owes come, or failed?  Then its answers are
+ * counted into it as rl_lock_ops_run counts them (yes, no, failed,
+ * maybe_ran, failure), and goes_again tells that a node answered that it
+ * did not run the command where rl_lock_ops_run would have sent it again
+ * (a redirection, a node no longer master, NOSCRIPT): whoever settles the
+ * op runs it again then.  Does nothing else; never raises.
+ */
+bool
+rl_lock_op_answered(RLLockOp *op)
+{
+	FollowUps	follow = {NULL, 0, 0};
+	MemoryContext old;
+	int			j;
+	int			c;
+
+	for (c = 0; c < op->nodes * op->stride; c++)
+		if (op->calls[c].owed)
+			return false;
+	old = MemoryContextSwitchTo(rl_owed_context());
+	op->yes = op->no = op->failed = 0;
+	op->maybe_ran = op->goes_again = false;
+	op->failure = NULL;
+	op->wrongtype = NULL;
+	for (j = 0; j < op->nodes; j++)
+	{
+		RLCall	   *unit = &op->calls[j * op->stride];
+
+		for (c = 0; c < op->unit_calls; c++)
+			if (rl_reply_goes_again(unit[c].reply) ||
+				rl_reply_is_error(unit[c].reply, "NOSCRIPT"))
+				op->goes_again = true;
+		count_answer(op, unit, op->unit_calls, &follow);
+	}
+	/* a release never asks for a second round; were it to, run it again */
+	if (follow.n > 0)
+		op->goes_again = true;
+	MemoryContextSwitchTo(old);
+	return true;
 }
 
 /*

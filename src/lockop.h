@@ -48,6 +48,9 @@ typedef struct RLLockOp
 	int			stride;			/* calls per node: the unit, and WAIT after
 								 * it when redis_lock.wait_replicas > 0 */
 	int			replicas_short; /* nodes where WAIT saw too few replicas */
+	bool		goes_again;		/* sent without waiting: a node did not run
+								 * it, and would be asked again (see
+								 * rl_lock_op_answered) */
 } RLLockOp;
 
 #define RL_OP_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
@@ -93,6 +96,8 @@ typedef struct RLManyOp
 } RLManyOp;
 
 extern void rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode);
+extern void rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent);
+extern bool rl_lock_op_answered(RLLockOp *op);
 extern void rl_many_op_run(RLManyOp *op, RLRunMode mode);
 extern bool rl_many_op_granted(RLManyOp *op);
 extern bool rl_op_granted(RLLockOp *op);

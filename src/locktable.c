@@ -21,6 +21,13 @@
  *	  holds a lock it does not, and no unknown grant is left in Redis longer
  *	  than needed.
  *
+ *	  The releases after COMMIT and ABORT, at ROLLBACK TO SAVEPOINT and at
+ *	  the end of redis_lock_with_lock are sent without waiting for their
+ *	  answers (release_later): their entries stay, with no holds and marked
+ *	  releasing, until the answers are read (at the connection's next use or
+ *	  a safe point) and settled (settle_pending) as a waited-for release
+ *	  would have been; a failure there becomes a doubt.
+ *
  *	  Must not: call hiredis (transport.c and stream.c do; its header is
  *	  included here only for the REDIS_REPLY_* codes of an RLReply's type),
  *	  know script bodies (protocol.c does), define SQL-callable functions
@@ -55,6 +62,28 @@ static int	nhanded = 0;		/* doubts handed to the worker */
 static int	nqueued = 0;		/* entries with queued_ms set */
 static MemoryContext work_cxt = NULL;
 static MemoryContext names_cxt = NULL;	/* the entries' key/channel strings */
+static uint64 last_serial = 0;	/* RLHeld.serial of the newest entry */
+
+/*
+ * A release sent without waiting for its answer (after COMMIT or ABORT, at
+ * the end of redis_lock_with_lock): the entry stays, with no holds and
+ * marked releasing, until the answer is in; then it is settled as
+ * release_soft settles one (settle_pending).  Lives in rl_owed_context(),
+ * with its op and a copy of the entry's names, so that the answer can be
+ * reported even when the entry is gone or was taken again (superseded).
+ */
+typedef struct PendingRelease
+{
+	char		hkey[RL_MAX_NAME_LEN + 2];	/* the entry's: mode letter + name */
+	uint64		serial;			/* of the entry it releases */
+	bool		superseded;		/* the same entry was acquired again */
+	RLLockOp   *op;
+	RLLockNames names;
+	struct PendingRelease *next;
+} PendingRelease;
+
+static PendingRelease *pending = NULL;
+static int	npending = 0;
 
 /* an interrupted wait may have left these subscribed */
 static RLConn *dirty_subs[64];
@@ -239,6 +268,7 @@ entry_create(RLLockMode mode, const char *name)
 	e->target = target;
 	e->names = names;
 	e->registry_slot = -1;
+	e->serial = ++last_serial;
 	ndoubts++;
 	return e;
 }
@@ -315,6 +345,12 @@ registry_says_lost(RLHeld *e)
 static void
 entry_remove(RLHeld *e)
 {
+	/* a release on its way: its answer will find no entry, and is dropped */
+	if (e->releasing)
+	{
+		e->releasing = false;
+		ndoubts++;
+	}
 	/* its release is ours again, and is dropped with the entry */
 	if (e->handed)
 		(void) take_back_from_worker(e);
@@ -712,6 +748,219 @@ warn_for_all(int n)
 }
 
 /* ----------------------------------------------------------------
+ * Releases sent without waiting for their answers
+ * ----------------------------------------------------------------
+ */
+
+/* A copy of an entry's names in the owed context (see PendingRelease) */
+static void
+copy_names(RLLockNames *to, const RLLockNames *from)
+{
+	MemoryContext cxt = rl_owed_context();
+
+	*to = *from;
+	to->key = from->key ? MemoryContextStrdup(cxt, from->key) : NULL;
+	to->fence_key = from->fence_key ? MemoryContextStrdup(cxt, from->fence_key) : NULL;
+	to->channel = from->channel ? MemoryContextStrdup(cxt, from->channel) : NULL;
+}
+
+/* Nothing owed and nothing pending any more: free what they used */
+static void
+owed_memory_reset(void)
+{
+	if (npending == 0 && rl_owed_count() == 0)
+		rl_owed_reset();
+}
+
+/*
+ * Send the release of every entry in ents (holds already zero, out of
+ * renewal: became_doubt) without waiting for the answers, which nothing the
+ * session does depends on: the lock is free for waiters as soon as Redis
+ * runs it, and the answer is read at the connection's next use or the next
+ * safe point (settle_pending), where a lost lock or a failure is reported as
+ * a synchronous release would have.  An entry whose connection could not
+ * take it at once (closed, out of step, a script-free server whose commands
+ * are not known yet) is not sent: those are moved to the front of ents and
+ * their number returned, for the caller to release as before.  Interrupts
+ * are held: only the write is waited for, bounded by command_timeout (cut to
+ * RL_HELD_WAIT_CUT_MS by a cancel).
+ */
+static int
+release_later(RLHeld **ents, int n)
+{
+	MemoryContext old;
+	RLLockOp   *ops;
+	PendingRelease *recs;
+	bool	   *sent;
+	int			left = 0;
+	int			i;
+
+	if (n == 0)
+		return 0;
+	old = MemoryContextSwitchTo(rl_owed_context());
+	ops = palloc(sizeof(RLLockOp) * n);
+	recs = palloc0(sizeof(PendingRelease) * n);
+	sent = palloc(sizeof(bool) * n);
+	for (i = 0; i < n; i++)
+	{
+		RLHeld	   *e = ents[i];
+		PendingRelease *p = &recs[i];
+
+		strlcpy(p->hkey, e->hkey, sizeof(p->hkey));
+		p->serial = e->serial;
+		copy_names(&p->names, &e->names);
+		op_init(&ops[i], RL_OP_RELEASE, e, e->lease_ms);
+		ops[i].names = &p->names;
+		p->op = &ops[i];
+	}
+	MemoryContextSwitchTo(old);
+
+	HOLD_INTERRUPTS();
+	rl_lock_ops_send(ops, n, sent);
+	RESUME_INTERRUPTS();
+
+	for (i = 0; i < n; i++)
+	{
+		RLHeld	   *e = ents[i];
+
+		if (!sent[i])
+		{
+			ents[left++] = e;
+			continue;
+		}
+		/* out of the doubt set until its answer is in */
+		Assert(RL_HOLDS(e) == 0 && !e->handed && !e->releasing);
+		e->releasing = true;
+		ndoubts--;
+		recs[i].next = pending;
+		pending = &recs[i];
+		npending++;
+	}
+	owed_memory_reset();
+	return left;
+}
+
+/*
+ * A release still on its way whose answer no longer decides the entry's
+ * fate (its lock was acquired again with the same token, see
+ * reclaim_releasing): say only what a synchronous release would have said.
+ */
+static void
+report_superseded(PendingRelease *p, int result)
+{
+	if (result == 0)
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("Redis lock \"%s\" was lost", p->hkey + 1),
+				 errdetail("Its lease expired or another client deleted or took over key \"%s\".",
+						   p->names.key)));
+	else if (result == RELEASE_UNKNOWN && !p->op->goes_again)
+		report_call(WARNING, RL_ACTION_RELEASE, p->hkey + 1, p->op->failure);
+}
+
+/*
+ * Settle every release sent without waiting whose answers are in (those
+ * already read, and what a look at the sockets finds, without waiting), as
+ * release_soft settles a release of a lock the session held: released, the
+ * entry goes; not ours, it is reported lost (WARNING) and goes; no majority
+ * answered, the failure is a WARNING and the entry stays as a doubt, for the
+ * worker or settle_doubts.  A node that did not run it and would have been
+ * asked again (a redirection, NOSCRIPT after a restart) has it run again
+ * here, synchronously: interruptible when the caller is (a cancel leaves
+ * those entries doubts), else bounded as release_soft; without send_again
+ * those stay pending for the next safe point.
+ */
+static void
+settle_pending(bool interruptible, bool send_again)
+{
+	PendingRelease **pp;
+	PendingRelease *p;
+	RLHeld	  **again = NULL;
+	int			nagain = 0;
+
+	if (npending == 0)
+		return;
+	again = palloc(sizeof(RLHeld *) * npending);
+	rl_poll_owed();
+	pp = &pending;
+	while ((p = *pp) != NULL)
+	{
+		RLLockOp   *op = p->op;
+		RLHeld	   *e;
+		int			result;
+
+		if (!rl_lock_op_answered(op) ||
+			(!send_again && op->goes_again && !p->superseded &&
+			 !RL_OP_YES(op) && !RL_OP_NO(op)))
+		{
+			/* not in yet, or to be sent again at the next safe point */
+			pp = &p->next;
+			continue;
+		}
+		*pp = p->next;
+		npending--;
+		result = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : RELEASE_UNKNOWN;
+		e = held != NULL ? hash_search(held, p->hkey, HASH_FIND, NULL) : NULL;
+		if (e == NULL || e->serial != p->serial || !e->releasing)
+		{
+			/* forgotten meanwhile (force release, new settings): nothing */
+			if (p->superseded)
+				report_superseded(p, result);
+			continue;
+		}
+		/* a doubt again until settled below */
+		e->releasing = false;
+		ndoubts++;
+		if (result == RELEASE_UNKNOWN && op->goes_again)
+		{
+			again[nagain++] = e;
+			continue;
+		}
+		if (result == RELEASE_UNKNOWN)
+		{
+			/* stays a doubt: the worker (or settle_doubts) releases it */
+			report_call(WARNING, RL_ACTION_RELEASE, e->name, op->failure);
+			continue;
+		}
+		if (result == 0 && !e->lost)
+		{
+			mark_lost(e);
+			warn_lost(e);
+		}
+		if (result == 1)
+			rl_stats_add(RL_STAT_RELEASED, 1);
+		entry_remove(e);
+	}
+	owed_memory_reset();
+	if (nagain > 0)
+		release_soft(again, nagain, warn_for_all(nagain), interruptible);
+	pfree(again);
+}
+
+/*
+ * The lock of an entry whose release is on its way is acquired again: the
+ * entry becomes a doubt, which the acquire reuses, token and all (so it
+ * needs no wait for the answer).  That is safe because the release was sent
+ * first on the same connection to each node and Redis runs them in order:
+ * if the release ran, the acquire finds the lock free; if it did not (a
+ * redirection, NOSCRIPT), the acquire finds its own token, which every
+ * layout grants again.  Either way the acquire's answer alone tells what
+ * the session holds, so the release's answer is then only reported.
+ */
+static void
+reclaim_releasing(RLHeld *e)
+{
+	PendingRelease *p;
+
+	Assert(e->releasing);
+	for (p = pending; p != NULL; p = p->next)
+		if (p->serial == e->serial)
+			p->superseded = true;
+	e->releasing = false;
+	ndoubts++;
+}
+
+/* ----------------------------------------------------------------
  * Safe points
  * ----------------------------------------------------------------
  */
@@ -740,7 +989,7 @@ settle_doubts(void)
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (RL_HOLDS(e) != 0 || e->handed)
+		if (RL_HOLDS(e) != 0 || e->handed || e->releasing)
 			continue;
 		if (e->expires_at != 0 && now > e->expires_at)
 			entry_remove(e);
@@ -769,7 +1018,7 @@ hand_doubts_to_worker(void)
 	hash_seq_init(&seq, held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (RL_HOLDS(e) != 0 || e->handed)
+		if (RL_HOLDS(e) != 0 || e->handed || e->releasing)
 			continue;
 		if (e->expires_at == 0)
 			entry_remove(e);
@@ -893,6 +1142,8 @@ rl_safe_point(void)
 {
 	call_seq++;
 	ensure_table();
+	if (npending > 0)
+		settle_pending(true, true);
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
 	if (nqueued > 0)
@@ -1355,6 +1606,8 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	refuse_unsupported_layout(mode, name);
 
 	e = entry_find(mode, name);
+	if (e != NULL && e->releasing)
+		reclaim_releasing(e);
 	if (e != NULL && RL_HOLDS(e) > 0)
 	{
 		if (acquire_again(e, lease_ms, scope))
@@ -1397,9 +1650,18 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	{
 		grant(e, op.fence_value, lease_ms, watchdog, scope);
 		*obtained = true;
+		/*
+		 * An earlier release answered during this round trip says so now;
+		 * no round trip here (a cancel in it would fail an acquire that
+		 * counted its grant).
+		 */
+		if (npending > 0)
+			settle_pending(false, false);
 		return e->fence;
 	}
 	not_granted(e, outcome, &op);
+	if (npending > 0)
+		settle_pending(false, false);
 	return 0;
 }
 
@@ -1412,8 +1674,27 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
  * delete it in Redis.  Returns false with a WARNING when it is not held at
  * session scope or was lost; raises when Redis' answer is unknown.
  */
+static bool release_one(RLLockMode mode, const char *name, bool nowait);
+
 bool
 rl_release(RLLockMode mode, const char *name)
+{
+	return release_one(mode, name, false);
+}
+
+/*
+ * The release at the end of redis_lock_with_lock: as rl_release, but when
+ * the last hold goes the release is sent without waiting for its answer
+ * (release_later), which is reported by the next call.
+ */
+void
+rl_release_nowait(const char *name)
+{
+	(void) release_one(RL_MODE_EXCLUSIVE, name, true);
+}
+
+static bool
+release_one(RLLockMode mode, const char *name, bool nowait)
 {
 	RLHeld	   *e;
 	int			result;
@@ -1459,6 +1740,8 @@ rl_release(RLLockMode mode, const char *name)
 		entry_remove(e);
 		return false;
 	}
+	if (nowait && release_later(&e, 1) == 0)
+		return true;
 	op = release_entries(&e, 1, RL_RUN_HARD, &result);
 	if (result == RELEASE_UNKNOWN)
 		rl_raise_undecided(RL_ACTION_RELEASE, name, op);
@@ -1493,6 +1776,7 @@ rl_release_one_error_safe(const char *name)
 		return;
 	}
 	became_doubt(e);
+	/* (waited for: an error path, where a round trip more costs nothing) */
 	release_soft(&e, 1, warn_for_all(1), false);
 }
 
@@ -1814,6 +2098,7 @@ end_of_xact(void)
 	 * twice.  So do the locks whose verify at COMMIT just failed.
 	 */
 	n = keep_unreachable_as_doubts(ents, n);
+	n = release_later(ents, n);
 	release_soft(ents, n, warn_for_all(n), false);
 	if (ndirty_subs > 0)
 		clean_dirty_subs();
@@ -1877,6 +2162,7 @@ release_subxact_holds(SubTransactionId mySubid)
 		if (e != NULL && e->xact_holds > 0)
 			drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
 	}
+	n = release_later(ents, n);
 	release_soft(ents, n, warn_for_all(n), false);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(work_cxt);
@@ -1934,6 +2220,28 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 
 	if (held == NULL || hash_get_num_entries(held) == 0)
 		return;
+
+	/*
+	 * Soft and with interrupts held: this neither raises nor is cut short,
+	 * so it is bounded more tightly than a statement's round trip.  A
+	 * terminated backend must be gone promptly, and what it cannot release
+	 * now goes to the watchdog worker (or expires with its lease).  The
+	 * process is exiting: nothing else reads these settings any more.
+	 */
+	rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_EXIT_TIMEOUT_MS);
+	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_EXIT_TIMEOUT_MS);
+
+	/*
+	 * Releases still on their way: their answers, within the same bound
+	 * (what has not come by then fails, leaving a doubt for the worker)
+	 */
+	if (npending > 0)
+	{
+		HOLD_INTERRUPTS();
+		rl_wait_owed(RL_EXIT_TIMEOUT_MS);
+		settle_pending(false, true);
+		RESUME_INTERRUPTS();
+	}
 	MemoryContextSwitchTo(work_cxt);
 	ents = palloc(sizeof(RLHeld *) * hash_get_num_entries(held));
 	hash_seq_init(&seq, held);
@@ -1948,15 +2256,6 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 		if (!e->lost && !e->handed)
 			ents[n++] = e;
 	}
-	/*
-	 * Soft and with interrupts held: this neither raises nor is cut short,
-	 * so it is bounded more tightly than a statement's round trip.  A
-	 * terminated backend must be gone promptly, and what it cannot release
-	 * now goes to the watchdog worker (or expires with its lease).  The
-	 * process is exiting: nothing else reads these settings any more.
-	 */
-	rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_EXIT_TIMEOUT_MS);
-	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_EXIT_TIMEOUT_MS);
 	leave_queues();
 	release_soft(ents, n, NULL, false);
 
@@ -2082,6 +2381,8 @@ rl_many_entry(const char *name, int64 lease_ms, bool *held)
 	RLHeld	   *e = entry_find(RL_MODE_EXCLUSIVE, name);
 
 	*held = false;
+	if (e != NULL && e->releasing)
+		reclaim_releasing(e);
 	if (e != NULL && RL_HOLDS(e) > 0)
 	{
 		if (!e->lost)

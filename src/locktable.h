@@ -59,6 +59,10 @@ typedef struct RLHeld
 	bool		handed;			/* doubt handed to the watchdog worker, whose
 								 * registry_slot it is until taken back */
 	uint32		handed_gen;		/* the slot's generation when handed */
+	bool		releasing;		/* no holds; its release was sent and its
+								 * answer is still to come (PendingRelease) */
+	uint64		serial;			/* tells this entry from a later one of the
+								 * same name */
 } RLHeld;
 
 #define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)
@@ -66,6 +70,7 @@ typedef struct RLHeld
 extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
 						int64 wait_ms, RLScope scope, bool *obtained);
 extern bool rl_release(RLLockMode mode, const char *name);
+extern void rl_release_nowait(const char *name);
 extern bool rl_holds_read_only(const char *name);
 extern int	rl_release_all_session(void);
 extern void rl_discard_session_locks(void);

@@ -77,6 +77,8 @@ struct RLStream
 	int			naddrs;
 	int			next_addr;
 	redisReader *reader;
+	bool		mid_reply;		/* bytes came since the last whole reply was
+								 * taken out, and not all became replies */
 	char	   *out;			/* formatted commands not yet written */
 	size_t		outlen;
 	size_t		outsent;
@@ -848,6 +850,7 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 				return RL_STREAM_FAILED;
 			}
 		}
+		s->mid_reply = true;
 		if (redisReaderFeed(s->reader, buf, (size_t) n) != REDIS_OK)
 		{
 			*failure = RL_STREAM_FAIL_LOCAL;
@@ -876,7 +879,25 @@ rl_stream_next_reply(RLStream *s, void **reply, char **reason)
 			pstrdup(s->reader->errstr[0] ? s->reader->errstr : "protocol error");
 		return false;
 	}
+	/* a whole reply with nothing after it: no reply begun */
+	if (*reply != NULL && !reader_has_bytes(s->reader))
+		s->mid_reply = false;
 	return true;
+}
+
+/*
+ * Does the reply reader hold bytes that are not yet a whole reply (the
+ * start of one whose rest is still to come)?  Call after taking out every
+ * complete reply.
+ */
+bool
+rl_stream_has_partial_reply(const RLStream *s)
+{
+	/*
+	 * Bytes not parsed yet, or some parsed into a reply not whole yet (an
+	 * array's first elements: hiredis keeps them, its buffer is empty)
+	 */
+	return reader_has_bytes(s->reader) || s->mid_reply;
 }
 
 /*

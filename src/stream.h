@@ -58,5 +58,6 @@ extern RLStreamStatus rl_stream_read(RLStream *s, RLStreamFailure *failure,
 									 char **reason);
 extern bool rl_stream_next_reply(RLStream *s, void **reply, char **reason);
 extern bool rl_stream_has_unasked(RLStream *s);
+extern bool rl_stream_has_partial_reply(const RLStream *s);
 
 #endif							/* RL_STREAM_H */

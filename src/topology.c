@@ -634,20 +634,32 @@ typedef struct RetryState
 static RLCall *
 group_verdict(RLCall *group, int len)
 {
-	static const char *const again[] = {"MOVED ", "ASK ", "TRYAGAIN",
-	"READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN"};
 	int			i;
-	int			k;
 
 	for (i = 0; i < len; i++)
 	{
-		if (group[i].error != NULL)
+		if (group[i].error != NULL || rl_reply_goes_again(group[i].reply))
 			return &group[i];
-		for (k = 0; k < (int) lengthof(again); k++)
-			if (rl_reply_is_error(group[i].reply, again[k]))
-				return &group[i];
 	}
 	return &group[0];
+}
+
+/*
+ * Is r an error rl_target_run answers by sending the call again, elsewhere
+ * or later: a redirection, TRYAGAIN, or a node that is no (usable) master?
+ * The command did not run there.
+ */
+bool
+rl_reply_goes_again(RLReply *r)
+{
+	static const char *const again[] = {"MOVED ", "ASK ", "TRYAGAIN",
+	"READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN"};
+	int			k;
+
+	for (k = 0; k < (int) lengthof(again); k++)
+		if (rl_reply_is_error(r, again[k]))
+			return true;
+	return false;
 }
 
 /*

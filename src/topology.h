@@ -64,5 +64,6 @@ extern int	rl_target_nodes_or_raise(RLTarget *t, const char *key, size_t keylen,
 extern void rl_target_run(RLCall *calls, int ncalls, RLRunMode mode);
 extern int	rl_target_max_nodes(RLTarget *t);
 extern int	rl_target_timeout(RLTarget *t);
+extern bool rl_reply_goes_again(RLReply *r);
 
 #endif							/* RL_TOPOLOGY_H */

@@ -3,7 +3,9 @@
  * transport.c
  *	  Owns connections to Redis servers (each over a stream, stream.c),
  *	  their handshake (AUTH, SELECT, CLIENT SETNAME), pipelined round trips
- *	  over one or many sockets at once, and pub/sub subscriber connections.
+ *	  over one or many sockets at once, calls sent without waiting whose
+ *	  replies are owed on their connection (rl_send), and pub/sub
+ *	  subscriber connections.
  *
  *	  Every wait goes through a WaitEventSet on the process latch plus the
  *	  sockets, so query cancel, statement_timeout, backend termination and
@@ -50,10 +52,32 @@ struct RLConn
 	int			commands;		/* probed commands it knows (bit mask), or
 								 * RL_COMMANDS_UNKNOWN / _REFUSED */
 	char	   *commands_refusal;	/* when refused: the error, for messages */
+	struct OwedReply *owed;		/* calls sent by rl_send whose replies are
+								 * still to come, in send order */
+	int			nowed;
+	int			owedcap;
 	struct RLConn *next;
 };
 
+/* A call sent by rl_send, and when its reply is overdue */
+typedef struct OwedReply
+{
+	RLCall	   *call;
+	TimestampTz deadline;
+	int			timeout_ms;		/* what the deadline allowed, for messages */
+} OwedReply;
+
 static RLConn *conn_list = NULL;
+
+/* Owed replies on every connection, and the context they are copied into */
+static int	total_owed = 0;
+static MemoryContext owed_cxt = NULL;
+
+static void owed_fail_all(RLConn *conn, RLFailure failure, int errcode,
+						  const char *reason);
+static bool owed_drain(RLConn *conn);
+static void poll_conn(RLConn *conn, TimestampTz now);
+static void finish_owed_reply(RLConn *conn);
 
 /* Commands every handshake asks about (rl_probe_commands); 0: none */
 static const char *const *probe_names = NULL;
@@ -78,6 +102,7 @@ typedef struct RunConn
 	bool		wrote;			/* some bytes were written this run */
 	bool		asked;			/* the next call's ASKING reply was consumed */
 	bool		probing;		/* the handshake's last command is the probe */
+	bool		owed_retried;	/* sent again once: owed replies were overdue */
 	bool		failed;
 	RLFailure	failure;
 	char	   *reason;			/* detail of the failure */
@@ -401,6 +426,10 @@ rl_conn_label(RLConn *conn)
 void
 rl_conn_close(RLConn *conn)
 {
+	/* what it owes will never come: nobody knows whether those ran */
+	if (conn->nowed > 0)
+		owed_fail_all(conn, RL_FAIL_RECEIVE, ERRCODE_CONNECTION_FAILURE,
+					  "the connection was closed before the reply came");
 	if (conn->stream != NULL)
 	{
 		rl_stream_close(conn->stream);
@@ -450,6 +479,9 @@ run_fail(RunConn *rc, RLFailure failure, int errcode, char *reason)
 	rc->failure = failure;
 	rc->errcode = errcode;
 	rc->reason = reason;
+	/* replies owed from before the run are lost with it */
+	if (rc->conn->nowed > 0)
+		owed_fail_all(rc->conn, failure, errcode, reason);
 	/* its state is unknown: never reuse it */
 	rl_conn_close(rc->conn);
 }
@@ -484,11 +516,11 @@ append_argv(RunConn *rc, int argc, const char **argv, const size_t *argvlen)
 }
 
 /*
- * Queue one call's command: its inline arguments, then those past
- * RL_MAX_ARGS (a multi-key script) in the same command.
+ * Queue one call's command on a stream: its inline arguments, then those
+ * past RL_MAX_ARGS (a multi-key script) in the same command.
  */
 static void
-append_call(RunConn *rc, RLCall *call)
+stream_append_call(RLStream *stream, RLCall *call)
 {
 	const char **argv;
 	size_t	   *argvlen;
@@ -496,7 +528,7 @@ append_call(RunConn *rc, RLCall *call)
 
 	if (n <= 0 || call->more_argv == NULL)
 	{
-		append_argv(rc, call->argc, call->argv, call->argvlen);
+		rl_stream_append(stream, call->argc, call->argv, call->argvlen);
 		return;
 	}
 	argv = palloc(sizeof(char *) * call->argc);
@@ -505,9 +537,17 @@ append_call(RunConn *rc, RLCall *call)
 	memcpy(argvlen, call->argvlen, sizeof(size_t) * RL_MAX_ARGS);
 	memcpy(argv + RL_MAX_ARGS, call->more_argv, sizeof(char *) * n);
 	memcpy(argvlen + RL_MAX_ARGS, call->more_argvlen, sizeof(size_t) * n);
-	append_argv(rc, call->argc, argv, argvlen);
+	rl_stream_append(stream, call->argc, argv, argvlen);
 	pfree(argv);
 	pfree(argvlen);
+}
+
+static void
+append_call(RunConn *rc, RLCall *call)
+{
+	if (rc->failed)
+		return;
+	stream_append_call(rc->conn->stream, call);
 }
 
 /*
@@ -699,9 +739,12 @@ rl_call_probe(RLCall *call, RLConn *conn)
 int
 rl_conn_commands(RLConn *conn, const char **refusal)
 {
+	if (conn->stream != NULL && !conn->subscriber && conn->nowed > 0)
+		poll_conn(conn, GetCurrentTimestamp());
 	if (conn->stream != NULL && !conn->subscriber &&
 		(conn->busy || conn->generation != rl_settings_generation ||
-		 rl_stream_has_unsent(conn->stream) || has_unasked_bytes(conn)))
+		 rl_stream_has_unsent(conn->stream) ||
+		 (conn->nowed == 0 && has_unasked_bytes(conn))))
 		rl_conn_close(conn);
 	if (refusal != NULL)
 		*refusal = conn->commands_refusal;
@@ -763,6 +806,18 @@ drain_replies(RunConn *rc)
 		RLReply    *r;
 		char	   *err;
 
+		/* replies owed to earlier sends come first: Redis answers in order */
+		if (rc->conn->nowed > 0)
+		{
+			if (!owed_drain(rc->conn))
+			{
+				run_fail(rc, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION,
+						 pstrdup("a reply owed to an earlier command could not be parsed"));
+				return;
+			}
+			if (rc->conn->nowed > 0)
+				return;			/* our own replies come after them */
+		}
 		if (!next_reply(rc->conn, &r, &err))
 		{
 			run_fail(rc, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION, err);
@@ -1196,10 +1251,18 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 		 * A connection left mid-reply, set up with old settings, or holding
 		 * bytes nobody asked for (they would be taken for the next reply)
 		 */
+		/* what already came for earlier sends is theirs, whatever follows */
+		if (conn->stream != NULL && conn->nowed > 0)
+			poll_conn(conn, now);
+		if (conn->stream != NULL && conn->nowed > 0 &&
+			rl_stream_has_partial_reply(conn->stream))
+			finish_owed_reply(conn);
+		/* (replies owed to earlier sends are bytes asked for) */
 		if (conn->stream != NULL &&
 			(conn->busy || conn->generation != rl_settings_generation ||
 			 /* subscriber connections get pushes by design */
-			 (!conn->subscriber && (has_unsent(conn) || has_unasked_bytes(conn)))))
+			 (!conn->subscriber && (has_unsent(conn) ||
+									(conn->nowed == 0 && has_unasked_bytes(conn))))))
 			rl_conn_close(conn);
 		queue_run(rc, now);
 		if (!rc->failed && !rc->connecting && !flush_some(rc))
@@ -1253,6 +1316,25 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 						 psprintf("timed out after %s", rl_format_ms(rl_connect_timeout_ms)));
 			continue;
 		}
+		if (!rc->connecting && rc->conn->nowed > 0 &&
+			now >= rc->conn->owed[0].deadline && !rc->owed_retried)
+		{
+			/*
+			 * Replies owed to earlier sends, which ours queue behind, are
+			 * overdue: they fail (outcome unknown), and our calls go again
+			 * once on a fresh connection, with a deadline of their own.
+			 */
+			owed_fail_all(rc->conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+						  psprintf("no reply within %s",
+								   rl_format_ms(rc->conn->owed[0].timeout_ms)));
+			rl_conn_close(rc->conn);
+			rc->owed_retried = true;
+			queue_run(rc, now);
+			if (rc->failed)
+				continue;
+			if (!rc->connecting && !flush_some(rc))
+				continue;
+		}
 		if (!rc->connecting && now >= rc->deadline)
 		{
 			run_fail(rc, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
@@ -1278,6 +1360,9 @@ next_deadline_ms(RunConn *runs, const SockWait *sw, TimestampTz now)
 		RunConn    *rc = &runs[sw->owner[i]];
 		TimestampTz until = rc->connecting ? rc->connect_deadline : rc->deadline;
 
+		/* replies owed before ours may be given up on sooner */
+		if (!rc->connecting && rc->conn->nowed > 0 && !rc->owed_retried)
+			until = Min(until, rc->conn->owed[0].deadline);
 		if (!run_done(rc))
 			wait_ms = Min(wait_ms, (long) ((until - now + 999) / 1000));
 	}
@@ -1462,6 +1547,434 @@ run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 	pfree(runs);
 }
 
+/* ----------------------------------------------------------------
+ * Calls sent without waiting for their replies.  rl_send writes the
+ * commands and records each call as owed on its connection; Redis answers
+ * in order, so whichever reads that connection next -- a later round trip
+ * on it, rl_poll_owed, rl_wait_owed -- hands the next replies to the owed
+ * calls first.  Closing the connection, for whatever reason, fails the calls
+ * it still owes: their outcome is then unknown (RLCall.sent is true).
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * The memory context owed calls live in: the caller builds them there, and
+ * their replies and failures are copied there.  The caller resets it (with
+ * rl_owed_reset) once nothing is owed any more.
+ */
+MemoryContext
+rl_owed_context(void)
+{
+	if (owed_cxt == NULL)
+		owed_cxt = AllocSetContextCreate(TopMemoryContext,
+										 "redis_lock owed replies",
+										 ALLOCSET_SMALL_SIZES);
+	return owed_cxt;
+}
+
+/* How many calls still wait for their replies, over every connection */
+int
+rl_owed_count(void)
+{
+	return total_owed;
+}
+
+/* Free what owed calls used, once none is left (else nothing) */
+void
+rl_owed_reset(void)
+{
+	if (total_owed == 0 && owed_cxt != NULL)
+		MemoryContextReset(owed_cxt);
+}
+
+/* The oldest owed call of conn got reply r (in the owed context) */
+static void
+owed_answer(RLConn *conn, RLReply *r)
+{
+	RLCall	   *call = conn->owed[0].call;
+
+	call->reply = r;
+	call->owed = false;
+	call->sent = true;
+	conn->nowed--;
+	total_owed--;
+	if (conn->nowed > 0)
+		memmove(conn->owed, conn->owed + 1, sizeof(OwedReply) * conn->nowed);
+}
+
+/* Every call conn owes gets this failure: their outcome is unknown */
+static void
+owed_fail_all(RLConn *conn, RLFailure failure, int errcode, const char *reason)
+{
+	int			i;
+
+	for (i = 0; i < conn->nowed; i++)
+	{
+		RLCall	   *call = conn->owed[i].call;
+
+		rl_call_fail(call, failure, errcode,
+					 MemoryContextStrdup(rl_owed_context(), reason));
+		call->owed = false;
+		call->sent = true;
+	}
+	total_owed -= conn->nowed;
+	conn->nowed = 0;
+}
+
+/*
+ * Hand the complete replies in conn's buffer to the calls it owes, no more
+ * than it owes.  False when a reply could not be parsed.
+ */
+static bool
+owed_drain(RLConn *conn)
+{
+	while (conn->nowed > 0 && conn->stream != NULL)
+	{
+		RLReply    *r;
+		char	   *err;
+		bool		ok;
+		MemoryContext old = MemoryContextSwitchTo(rl_owed_context());
+
+		ok = next_reply(conn, &r, &err);
+		MemoryContextSwitchTo(old);
+		if (!ok)
+			return false;
+		if (r == NULL)
+			break;
+		owed_answer(conn, r);
+	}
+	return true;
+}
+
+/*
+ * Read, without waiting, what came on a connection that owes replies and
+ * hand it out; a connection that broke, or whose oldest owed reply is past
+ * its deadline, is closed (its owed calls fail).
+ */
+static void
+poll_conn(RLConn *conn, TimestampTz now)
+{
+	RLStreamFailure failure;
+	char	   *reason;
+
+	if (conn->nowed == 0)
+		return;
+	if (conn->stream == NULL)
+	{
+		owed_fail_all(conn, RL_FAIL_RECEIVE, ERRCODE_CONNECTION_FAILURE,
+					  "the connection was closed before the reply came");
+		return;
+	}
+	if (rl_stream_read(conn->stream, &failure, &reason) == RL_STREAM_FAILED)
+	{
+		/* what came before the failure still counts */
+		if (owed_drain(conn) && conn->nowed == 0)
+		{
+			rl_conn_close(conn);
+			return;
+		}
+		owed_fail_all(conn, stream_failure(failure), ERRCODE_CONNECTION_FAILURE,
+					  reason);
+		rl_conn_close(conn);
+		return;
+	}
+	if (!owed_drain(conn))
+	{
+		owed_fail_all(conn, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION,
+					  "a reply could not be parsed");
+		rl_conn_close(conn);
+		return;
+	}
+	if (conn->nowed > 0 && now >= conn->owed[0].deadline)
+	{
+		owed_fail_all(conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+					  psprintf("no reply within %s", rl_format_ms(conn->owed[0].timeout_ms)));
+		rl_conn_close(conn);
+	}
+}
+
+/*
+ * An owed reply has begun to come on conn but is not whole: wait for its
+ * end (up to its deadline) before anything more is sent there.  A server
+ * that stops mid-reply and then answers the next command would otherwise
+ * complete the owed frame with that command's reply, out of step for good.
+ * Rare: a release's reply is a few bytes.  What does not end in time fails,
+ * the connection closed.
+ */
+static void
+finish_owed_reply(RLConn *conn)
+{
+	bool		cut = false;
+	TimestampTz deadline = conn->owed[0].deadline;
+
+	while (conn->stream != NULL && conn->nowed > 0 &&
+		   rl_stream_has_partial_reply(conn->stream))
+	{
+		SockWait	sw;
+		TimestampTz now = GetCurrentTimestamp();
+
+		if (!cut && held_wait_interrupted())
+		{
+			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
+			cut = true;
+		}
+		if (now >= deadline)
+		{
+			owed_fail_all(conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+						  psprintf("no whole reply within %s",
+								   rl_format_ms(conn->owed[0].timeout_ms)));
+			rl_conn_close(conn);
+			return;
+		}
+		sw.nsock = 0;
+		sock_add(&sw, rl_stream_socket(conn->stream), rl_stream_events(conn->stream), 0);
+		if (wait_sockets(&sw, Max((long) ((deadline - now + 999) / 1000), 1),
+						 RL_WAIT_REPLY) < 0)
+		{
+			owed_fail_all(conn, RL_FAIL_LOCAL, ERRCODE_CONNECTION_FAILURE,
+						  "postmaster exited");
+			rl_conn_close(conn);
+			return;
+		}
+		/* (no deadline check here: poll_conn's is the owed call's own) */
+		poll_conn(conn, GetCurrentTimestamp());
+	}
+}
+
+/*
+ * Can calls be sent on conn without waiting for anything first?  It must be
+ * open, set up under the settings of now, not left mid-reply, with nothing
+ * unsent and nothing come that nobody asked for.  Never a subscriber.
+ */
+bool
+rl_conn_ready_to_send(RLConn *conn)
+{
+	if (conn == NULL || conn->stream == NULL || conn->subscriber ||
+		conn->busy || conn->generation != rl_settings_generation ||
+		rl_stream_in_handshake(conn->stream) || has_unsent(conn))
+		return false;
+	if (conn->nowed > 0)
+	{
+		poll_conn(conn, GetCurrentTimestamp());
+		/* not behind a reply that has begun and not ended (see write_runs) */
+		return conn->stream != NULL &&
+			(conn->nowed == 0 || !rl_stream_has_partial_reply(conn->stream));
+	}
+	/* a connection the server closed meanwhile shows its EOF here */
+	return !has_unasked_bytes(conn);
+}
+
+/*
+ * Send every call (its connection ready, see rl_conn_ready_to_send) without
+ * waiting for the replies: each becomes owed (RLCall.owed) until its reply
+ * or failure is recorded in it; the calls must live in rl_owed_context()
+ * until then.  Only the writes are waited for (they usually go at once),
+ * through the latch and within timeout_ms, which also bounds how long each
+ * reply may take.  With interrupts held (COMMIT, ABORT), a cancel or
+ * terminate cuts the wait to RL_HELD_WAIT_CUT_MS; otherwise it raises, and
+ * the connection, left with bytes unsent, is closed at its next use (its
+ * owed calls fail).  Never raises for a network failure: a connection that
+ * fails closes, failing what it owes.
+ */
+void
+rl_send(RLCall **calls, int ncalls, int timeout_ms)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz deadline = TimestampTzPlusMilliseconds(now, timeout_ms);
+	bool		cut = false;
+	int			i;
+
+	for (i = 0; i < ncalls; i++)
+	{
+		RLCall	   *call = calls[i];
+		RLConn	   *conn = call->conn;
+
+		Assert(conn != NULL && conn->stream != NULL && !conn->subscriber);
+		call->reply = NULL;
+		call->failure = RL_FAIL_NONE;
+		call->error = NULL;
+		call->sqlstate = 0;
+		call->sent = false;
+		call->owed = true;
+		if (conn->nowed == conn->owedcap)
+		{
+			conn->owedcap = Max(8, conn->owedcap * 2);
+			conn->owed = conn->owed == NULL ?
+				MemoryContextAlloc(TopMemoryContext, sizeof(OwedReply) * conn->owedcap) :
+				repalloc(conn->owed, sizeof(OwedReply) * conn->owedcap);
+		}
+		stream_append_call(conn->stream, call);
+		conn->owed[conn->nowed].call = call;
+		conn->owed[conn->nowed].deadline = deadline;
+		conn->owed[conn->nowed].timeout_ms = timeout_ms;
+		conn->nowed++;
+		total_owed++;
+	}
+
+	/* write everything out; wait only while a socket does not take it all */
+	for (;;)
+	{
+		SockWait	sw;
+
+		sw.nsock = 0;
+		for (i = 0; i < ncalls; i++)
+		{
+			RLConn	   *conn = calls[i]->conn;
+			bool		progress;
+			RLStreamFailure failure;
+			char	   *reason;
+			int			j;
+
+			if (conn->stream == NULL || !has_unsent(conn))
+				continue;
+			for (j = 0; j < sw.nsock && calls[sw.owner[j]]->conn != conn; j++)
+				;
+			if (j < sw.nsock)
+				continue;		/* already written in this pass */
+			if (rl_stream_write(conn->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
+			{
+				owed_fail_all(conn, RL_FAIL_SEND, ERRCODE_CONNECTION_FAILURE, reason);
+				rl_conn_close(conn);
+				continue;
+			}
+			/* TLS may have read on the way: hand out what came */
+			if (conn->nowed > 0 && rl_stream_is_tls(conn->stream) && !owed_drain(conn))
+			{
+				owed_fail_all(conn, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION,
+							  "a reply could not be parsed");
+				rl_conn_close(conn);
+				continue;
+			}
+			if (has_unsent(conn))
+				sock_add(&sw, rl_stream_socket(conn->stream),
+						 rl_stream_events(conn->stream), i);
+		}
+		if (sw.nsock == 0)
+			break;
+		now = GetCurrentTimestamp();
+		if (!cut && held_wait_interrupted())
+		{
+			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
+			cut = true;
+		}
+		if (now >= deadline ||
+			wait_sockets(&sw, Max((long) ((deadline - now + 999) / 1000), 1),
+						 RL_WAIT_REPLY) < 0)
+		{
+			for (i = 0; i < sw.nsock; i++)
+			{
+				RLConn	   *conn = calls[sw.owner[i]]->conn;
+
+				if (conn->stream == NULL)
+					continue;
+				owed_fail_all(conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+							  psprintf("could not send within %s", rl_format_ms(timeout_ms)));
+				rl_conn_close(conn);
+			}
+			break;
+		}
+		/* TLS may need to read to go on writing */
+		for (i = 0; i < sw.nready; i++)
+		{
+			RLConn	   *conn = calls[sw.ready[i]]->conn;
+			RLStreamFailure failure;
+			char	   *reason;
+
+			if (conn->stream == NULL || !rl_stream_is_tls(conn->stream))
+				continue;
+			if (rl_stream_read(conn->stream, &failure, &reason) == RL_STREAM_FAILED)
+			{
+				owed_fail_all(conn, stream_failure(failure), ERRCODE_CONNECTION_FAILURE, reason);
+				rl_conn_close(conn);
+			}
+		}
+	}
+}
+
+/*
+ * Read, without waiting, whatever came for owed calls on every connection,
+ * and close those whose oldest owed reply is overdue (failing what they
+ * owe).  Raises nothing.
+ */
+void
+rl_poll_owed(void)
+{
+	RLConn	   *c;
+	TimestampTz now;
+
+	if (total_owed == 0)
+		return;
+	now = GetCurrentTimestamp();
+	for (c = conn_list; c != NULL; c = c->next)
+		if (c->nowed > 0)
+			poll_conn(c, now);
+}
+
+/*
+ * Wait up to timeout_ms (and no longer than each reply's own deadline) for
+ * every owed reply; what has not come by then fails, its connection closed.
+ * Through the latch: interrupts raise unless held, and a cancel or
+ * terminate while they are held cuts the wait to RL_HELD_WAIT_CUT_MS.
+ */
+void
+rl_wait_owed(int timeout_ms)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   timeout_ms);
+	bool		cut = false;
+
+	for (;;)
+	{
+		SockWait	sw;
+		RLConn	   *c;
+		RLConn	   *owner[RL_WES_MAXSOCK];
+		TimestampTz now;
+		TimestampTz until;
+		int			i;
+
+		rl_poll_owed();
+		if (total_owed == 0)
+			return;
+		now = GetCurrentTimestamp();
+		if (!cut && held_wait_interrupted())
+		{
+			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
+			cut = true;
+		}
+		until = deadline;
+		sw.nsock = 0;
+		for (c = conn_list; c != NULL; c = c->next)
+		{
+			if (c->nowed == 0)
+				continue;
+			if (now >= deadline || sw.nsock >= RL_WES_MAXSOCK)
+			{
+				owed_fail_all(c, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
+							  psprintf("no reply within %s", rl_format_ms(timeout_ms)));
+				rl_conn_close(c);
+				continue;
+			}
+			until = Min(until, c->owed[0].deadline);
+			owner[sw.nsock] = c;
+			sock_add(&sw, rl_stream_socket(c->stream), rl_stream_events(c->stream),
+					 sw.nsock);
+		}
+		if (sw.nsock == 0)
+			return;
+		if (wait_sockets(&sw, Max((long) ((until - now + 999) / 1000), 1),
+						 RL_WAIT_REPLY) < 0)
+		{
+			for (i = 0; i < sw.nsock; i++)
+			{
+				owed_fail_all(owner[i], RL_FAIL_LOCAL, ERRCODE_CONNECTION_FAILURE,
+							  "postmaster exited");
+				rl_conn_close(owner[i]);
+			}
+			return;
+		}
+	}
+}
+
 /*
  * Make call a fresh command for conn with these arguments (borrowed, not
  * copied; argvlen NULL: NUL-terminated), with no key, target or result.
@@ -1494,6 +2007,8 @@ rl_call_set(RLCall *call, RLConn *conn, int argc, const char **argv,
 	call->failure = RL_FAIL_NONE;
 	call->error = NULL;
 	call->sqlstate = 0;
+	call->sent = false;
+	call->owed = false;
 }
 
 /*

@@ -98,6 +98,7 @@ typedef struct RLCall
 	int			sqlstate;		/* ERRCODE_* of that failure */
 	bool		sent;			/* some bytes reached the socket: on failure
 								 * the outcome is unknown, else it is "not run" */
+	bool		owed;			/* sent by rl_send, its reply not yet in */
 } RLCall;
 
 /* What a round trip does with a transport failure */
@@ -121,6 +122,15 @@ extern void rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *re
 extern char *rl_call_problem(const RLCall *call);
 pg_noreturn extern void rl_raise_call_error(RLCall *call);
 extern void rl_close_all(void);
+
+/* calls sent without waiting for their replies (transport.c) */
+extern MemoryContext rl_owed_context(void);
+extern int	rl_owed_count(void);
+extern void rl_owed_reset(void);
+extern bool rl_conn_ready_to_send(RLConn *conn);
+extern void rl_send(RLCall **calls, int ncalls, int timeout_ms);
+extern void rl_poll_owed(void);
+extern void rl_wait_owed(int timeout_ms);
 
 /* pub/sub on a subscriber connection */
 extern void rl_subscribe(RLConn **subs, int n, const char *cmd,

@@ -345,6 +345,104 @@ def test_single_node_orphan_release(single, fault):
     s.close()
 
 
+# ================================================================ a release nobody waits for
+
+# After COMMIT the release is sent and its reply read at the next call
+# (test_async_release.py).  Here its reply never comes, or comes as an
+# error: the fault strikes while the request still sits in the proxy.
+ASYNC_DELAY = 0.5 * S
+
+
+def session_client_id(rc, pid):
+    for c in rc.client_list():
+        if c.get("name") == "redis_lock:%d" % pid:
+            return c["id"]
+    raise AssertionError("no connection of backend %d" % pid)
+
+
+def async_dropped(env, s, rc):
+    """The connection is dropped before the reply (the request is lost)."""
+    rc.execute_command("CLIENT", "KILL", "ID", session_client_id(rc, s.pid))
+    return lambda: None
+
+
+def async_frozen(env, s, rc):
+    """Redis is frozen after the send: no reply within command_timeout."""
+    env.redis.pause()
+    return env.redis.resume
+
+
+def async_noperm(env, s, rc):
+    """The reply is an error: the ACL no longer allows our scripts."""
+    rc.execute_command("ACL", "SETUSER", "default", "-evalsha", "-eval")
+    return lambda: rc.execute_command("ACL", "SETUSER", "default", "+@all")
+
+
+def async_wrongtype(env, s, rc):
+    """The key is replaced by one of another type: the release finds it
+    not ours."""
+    rc.delete("m-async")
+    rc.hset("m-async", "someone", "1")
+    return lambda: rc.delete("m-async")
+
+
+ASYNC_FAULTS = {
+    # fault: (its function, the WARNING the next call gives)
+    "dropped": (async_dropped, 'could not release Redis lock "m-async"'),
+    "frozen": (async_frozen, 'could not release Redis lock "m-async"'),
+    "error-reply": (async_noperm, 'could not release Redis lock "m-async"'),
+    "wrong-type": (async_wrongtype, 'Redis lock "m-async" was lost'),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(ASYNC_FAULTS))
+def test_single_node_unanswered_async_release(single, fault):
+    """The release after COMMIT is sent, then its reply never comes or is an
+    error: COMMIT has returned already; the next call says so (a WARNING, as
+    COMMIT said before), the session holds nothing, and once healed Redis
+    holds nothing of ours (the worker settles the doubt)."""
+    env = single
+    rc = env.client()
+    rc.flushall()
+    s = Session(env.pg)
+    apply, expected = ASYNC_FAULTS[fault]
+    heal = None
+    try:
+        s.run("SET redis_lock.verify_on_commit = off")
+        s.run("BEGIN")
+        s.run("SELECT redis_lock_acquire('m-async', xact => true)")
+        env.proxy.delay = ASYNC_DELAY
+        el, code = timed(lambda: run_expect(s, "COMMIT", ()))
+        heal = apply(env, s, rc)
+        env.proxy.delay = 0.0
+        assert el < ASYNC_DELAY, "COMMIT waited %.2fs for the release's reply" % el
+        del s.conn.notices[:]
+
+        def warned():
+            assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+            return any(expected in n for n in s.conn.notices)
+        testbed.wait_until(warned, 5 * S, 0.05, what="the next call to report the release")
+        admin = env.pg.connect()
+        try:
+            assert testbed.sql_one(admin, "SELECT count(*) FROM redis_lock_locks "
+                                   "WHERE pid = %s", (s.pid,)) == 0
+        finally:
+            admin.close()
+        heal()
+        heal = None
+        check_after(env, s, ["m-async"], env.client())
+        # the doubt is settled (by the worker): no key of ours is left
+        rc = env.client()
+        if fault != "wrong-type":
+            testbed.wait_until(lambda: not rc.exists("m-async"), 5 * S, 0.05,
+                               what="the lock to be gone from Redis")
+    finally:
+        env.proxy.delay = 0.0
+        if heal is not None:
+            heal()
+        s.close()
+
+
 # ================================================================ Sentinel down
 
 @pytest.fixture(scope="module")
