@@ -17,6 +17,7 @@
       <!-- sql not run: REASON --> not run; the reason must be given
   A block introduced by `<!-- snippet: … -->` or `<!-- file: … -->` is not
   run here: t/test_readme.py checks it is the code another suite runs.
+- doc/architecture.md's table names every src/*.c and only files that exist.
 - doc/performance.md's generated part is what `bench/report --doc` makes of
   bench/published/results.json."""
 import glob
@@ -105,6 +106,18 @@ def test_readme_is_a_landing_page():
     # it maps every page of doc/
     for page in PAGES[1:]:
         assert "](%s)" % page in readme, page
+
+
+def test_architecture_table_names_every_source_file():
+    """doc/architecture.md's table: the src/ files named in the first column of
+    its rows are exactly src/*.c (and the headers they name exist)."""
+    named = set()
+    for m in re.finditer(r"^\| ([^|]*) \|", read("doc/architecture.md"), re.M):
+        named |= set(re.findall(r"`(src/[\w.]+)`", m.group(1)))
+    missing = {p for p in named if not os.path.exists(os.path.join(ROOT, p))}
+    assert missing == set(), "named in doc/architecture.md but not in the tree"
+    sources = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "src", "*.c"))}
+    assert sources - named == set(), "src/*.c files without a row in doc/architecture.md"
 
 
 # --- the reference and the catalog ---------------------------------------
