@@ -118,8 +118,9 @@ def test_the_file_is_what_postgres_exporter_reads(pg, sessions, rc, monitor_user
             # Prometheus naming: counters end in _total, units are seconds
             assert name.endswith("_total") == (usage == "COUNTER"), name
             assert "_ms" not in name, name
-    # the README's table lists exactly these metrics, with these types
-    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    # the documentation's table (doc/operations.md) lists exactly these
+    # metrics, with these types
+    readme = os.path.join(os.path.dirname(__file__), "..", "doc", "operations.md")
     with open(readme) as f:
         rows = re.findall(r"^\| `(redis_lock_\w+)` \| (counter|gauge) \|", f.read(), re.M)
     assert len(rows) == len(dict(rows)), rows

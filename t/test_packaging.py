@@ -38,8 +38,9 @@ def test_one_license_everywhere():
 
 
 def compatibility_section():
-    readme = read("README.md")
-    return readme[readme.index("\n## Compatibility"):readme.index("\n## License")]
+    # the last section of doc/operations.md
+    page = read("doc/operations.md")
+    return page[page.index("\n## Compatibility"):]
 
 
 def matrix_list(name):
@@ -72,3 +73,13 @@ def test_the_servers_in_the_readme_are_the_matrix():
     matrix = {(n.split("-")[0].capitalize(), n.split("-")[1]) for n in matrix_list("SERVERS")}
     # Redis 7.0 is bookworm's, where everything runs
     assert listed == matrix | {("Redis", "7.0")}
+
+
+def test_the_documentation_is_shipped_and_named():
+    # PGXN renders the extension's docfile: the SQL reference; the Debian
+    # package installs doc/ beside the README that links into it
+    meta = json.loads(read("META.json"))
+    docfile = meta["provides"]["redis_lock"]["docfile"]
+    assert docfile == "doc/reference.md" and os.path.isfile(os.path.join(ROOT, docfile))
+    assert re.search(r"^\tdh_installdocs README\.md CHANGELOG\.md doc$",
+                     read("debian/rules"), re.M)

@@ -1,6 +1,7 @@
-"""The client code in the README is the code the interop tests run, and its
-migrations and procedures are the ones t/test_migrations.py and
-t/test_procedures.py run.
+"""The client code in the README and in doc/*.md is the code the interop
+tests run, and their migrations and procedures are the ones
+t/test_migrations.py and t/test_procedures.py run ("the README" below is
+README.md and every page of doc/; t/test_docs.py runs their SQL blocks).
 
 A README block introduced by `<!-- snippet: PATH NAME -->` must equal, after
 dedenting, the lines between the comments `README: NAME` and `README: end`
@@ -43,14 +44,24 @@ def regions(path):
     return found
 
 
+def pages():
+    """The text of README.md and of every page of doc/."""
+    paths = ["README.md"] + sorted(glob.glob(os.path.join(ROOT, "doc", "*.md")))
+    for path in paths:
+        with open(os.path.join(ROOT, path)) as f:
+            yield f.read()
+
+
 def readme_snippets():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = f.read()
-    return re.findall(r"<!-- snippet: (\S+) (\S+) -->\n```\w*\n(.*?)```", text, re.S)
+    return [s for text in pages()
+            for s in re.findall(r"<!-- snippet: (\S+) (\S+) -->\n```\w*\n(.*?)```", text, re.S)]
 
 
 def test_every_readme_snippet_is_tested_code():
     shown = set()
+    # every marker introduces a block (a marker not right above its block
+    # would otherwise go unchecked)
+    assert len(readme_snippets()) == sum(text.count("<!-- snippet:") for text in pages())
     for path, name, block in readme_snippets():
         code = regions(path).get(name)
         assert code is not None, "README shows %s %s, which the source does not mark" % (path, name)
@@ -61,13 +72,13 @@ def test_every_readme_snippet_is_tested_code():
 
 
 def readme_files():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = f.read()
-    return re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.S)
+    return [s for text in pages()
+            for s in re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.S)]
 
 
 def test_every_readme_file_is_the_tested_file():
     shown = set()
+    assert len(readme_files()) == sum(text.count("<!-- file:") for text in pages())
     for path, block in readme_files():
         with open(os.path.join(ROOT, path)) as f:
             assert block == f.read(), "README's %s differs from the file" % path

@@ -174,6 +174,8 @@ public final class Peer {
             case "unlock":
                 redisson.getLock(key).unlock();
                 return true;
+            // README: end
+            // README: redisson-lock-more
             case "forceunlock":
                 return redisson.getLock(key).forceUnlock();
             case "held":
