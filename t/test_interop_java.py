@@ -465,29 +465,46 @@ def replicated(java, redis_srv):
 
 
 class Monitor:
-    """Every command the Redis server runs, as strings, from a MONITOR connection."""
+    """Every command the Redis server runs, as strings, from a MONITOR connection.
 
+    On once it has shown a command sent after it (under load the MONITOR
+    connection can come up after the first commands it is meant to see);
+    a reader that died fails the test instead of showing nothing."""
+
+    START = "ECHO start-of-monitor"
     END = "ECHO end-of-monitor"
 
     def __init__(self, client):
         self.client = client
         self.seen = []
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._read, args=(ready,), daemon=True)
+        self.error = None
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
-        ready.wait(5)
 
-    def _read(self, ready):
-        with self.client.monitor() as mon:
-            ready.set()
-            for cmd in mon.listen():
-                if cmd["command"] == self.END:
-                    return
-                self.seen.append(cmd["command"])
+        def on():
+            assert self.error is None, self.error
+            self.client.execute_command(*self.START.split())
+            return self.started.wait(0.1)
+        testbed.wait_until(on, 10, 0, what="MONITOR to show a command")
+
+    def _read(self):
+        try:
+            with self.client.monitor() as mon:
+                for cmd in mon.listen():
+                    if cmd["command"] == self.END:
+                        return
+                    if cmd["command"] == self.START:
+                        self.started.set()
+                    elif self.started.is_set():
+                        self.seen.append(cmd["command"])
+        except Exception as e:      # reported by the test's thread
+            self.error = e
 
     def stop(self):
         self.client.execute_command(*self.END.split())
-        self.thread.join(5)
+        self.thread.join(5 * S)
+        assert self.error is None, self.error
 
 
 def test_redissons_wait_and_unlock_latches_do_not_confuse_sql(replicated, rsql, rc):
