@@ -167,6 +167,24 @@ def test_sql_and_redis_py_exclude_each_other(vk):
     assert a.run("SELECT redis_lock_release('job')") is True
 
 
+def test_acquire_many_is_refused_without_scripts(vk):
+    """Only a script grants every lock of a set or none: with scripting off
+    redis_lock_acquire_many is refused (0A000) before anything is sent, and
+    single locks still work."""
+    c, session = vk
+    a = session()
+    c.config_resetstat()
+    with pytest.raises(psycopg2.errors.FeatureNotSupported) as ei:
+        a.run("SELECT redis_lock_acquire_many(ARRAY['m1', 'm2'])")
+    assert "several Redis locks at once need Lua scripting" in str(ei.value)
+    assert c.keys("*") == []
+    stats = c.info("commandstats")
+    assert not any(k in stats for k in ("cmdstat_multi", "cmdstat_set", "cmdstat_exec"))
+    assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+    assert a.run("SELECT redis_lock_acquire('m1', ttl => '30s') > 0")
+    assert a.run("SELECT redis_lock_release('m1')") is True
+
+
 def test_release_after_takeover_deletes_nothing(vk):
     c, session = vk
     a = session()
