@@ -446,7 +446,7 @@ def test_redisson_layouts_are_refused(vk):
 
 def test_round_trips_per_operation(valkey, vk):
     """Through a proxy adding 200 ms each way, k round trips take 400 k ms
-    and less than 400 (k + 1) ms: the elapsed time counts them (the README's
+    and less than 400 (k + 1) ms: the elapsed time counts them (doc/topologies.md's
     table), with 400 ms to spare for a loaded machine."""
     c, _ = vk
     rt = 0.4 * S
