@@ -1,4 +1,4 @@
-/* redis_lock--1.0.sql — the SQL functions (README.md, "Functions") */
+/* redis_lock--1.0.sql — the SQL functions (doc/reference.md, "Functions") */
 
 \echo Use "CREATE EXTENSION redis_lock" to load this file. \quit
 

@@ -2,8 +2,8 @@
 
 \echo Use "ALTER EXTENSION redis_lock UPDATE TO '1.3'" to load this file. \quit
 
--- redis_lock_acquire_many takes every lock of a set or none (README.md,
--- "Several locks at once"); redis_lock_release_many drops one session-scoped
+-- redis_lock_acquire_many takes every lock of a set or none
+-- (doc/reference.md, "Several locks at once"); redis_lock_release_many drops one session-scoped
 -- hold of each.  Nothing else changes.
 CREATE FUNCTION redis_lock_acquire_many(lock_names text[],
                                         ttl interval DEFAULT NULL,

@@ -1,4 +1,4 @@
-/* redis_lock--1.2.sql — every SQL object of version 1.2 (README.md, "Functions") */
+/* redis_lock--1.2.sql — every SQL object of version 1.2 (doc/reference.md, "Functions") */
 
 \echo Use "CREATE EXTENSION redis_lock" to load this file. \quit
 

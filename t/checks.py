@@ -140,5 +140,5 @@ def count_renewals(rclient, key, seconds, why, jump_ms=200):
 
 
 def report_latency(client, what, seconds):
-    """One hand-over measurement, printed for `pytest -s` (README numbers)."""
+    """One hand-over measurement, printed for `pytest -s` (the hand-over times of doc/clients.md)."""
     print("\n[%s] %s: %.1f ms" % (client, what, seconds * 1000))

@@ -1,5 +1,5 @@
 """Several locks at once: redis_lock_acquire_many / redis_lock_release_many
-(README, "Several locks at once")."""
+(doc/reference.md, "Several locks at once")."""
 import threading
 import time
 

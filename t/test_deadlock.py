@@ -644,7 +644,7 @@ CACHED = re.compile(r"no wait began since the last check, (\d+) us$")
 
 def test_check_cost_with_many_locks_held():
     """The cost of a check with SCALE_LOCKS locks in the registry (20 000;
-    RL_DEADLOCK_SCALE_LOCKS=100000 for the README's figure): the first check
+    RL_DEADLOCK_SCALE_LOCKS=100000 for doc/reference.md's figure): the first check
     of a wait passes over the whole registry; the later ones, while no wait
     begins, look at the PGPROCs only.  Printed with -s; bounded loosely."""
     r = testbed.Redis().start()

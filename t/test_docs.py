@@ -4,7 +4,8 @@
   and a `#anchor` (alone or after a .md file) is the GitHub slug of a heading
   of that page.
 - doc/reference.md lists exactly the extension's SQL functions (every
-  signature, with its argument names), its `redis_lock.*` settings, its views
+  signature, with its argument names), its `redis_lock.*` settings (with
+  the range each accepts, as pg_settings gives it), its views
   and tables, as an installed extension has them (pg_proc, pg_depend,
   pg_settings), and exactly the SQLSTATEs that src/*.c and the install
   script raise.
@@ -157,8 +158,10 @@ def test_reference_lists_every_function_setting_and_view(pg):
             catalog = {}
             for name, args in cur.fetchall():
                 catalog.setdefault(name, []).append(list(args))
-            cur.execute("SELECT name FROM pg_settings WHERE name LIKE 'redis\\_lock.%'")
-            settings = {r[0] for r in cur.fetchall()}
+            cur.execute("""SELECT name, vartype, min_val, max_val, enumvals
+                           FROM pg_settings WHERE name LIKE 'redis\\_lock.%'""")
+            ranges = {r[0]: r[1:] for r in cur.fetchall()}
+            settings = set(ranges)
             cur.execute("""
                 SELECT c.relkind, c.relname FROM pg_class c JOIN pg_depend d
                   ON d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e'
@@ -191,6 +194,18 @@ def test_reference_lists_every_function_setting_and_view(pg):
     finally:
         c.close()
     assert shown == defined
+    # the range column is what the server accepts
+    for name, rng in re.findall(r"^\| `(redis_lock\.\w+)` \| [^|]* \| ([^|]*) \|",
+                                section(ref, "Settings"), re.M):
+        if name not in ranges:
+            continue
+        vartype, lo, hi, enumvals = ranges[name]
+        want = {"integer": "%s–%s" % (lo, hi), "bool": "on, off",
+                "enum": ", ".join(enumvals or [])}.get(vartype)
+        if vartype == "string":
+            assert rng.startswith("text"), name
+        else:
+            assert rng == want, (name, rng, want)
     listed = set(re.findall(r"^\| (view|table|event trigger) `(\w+)` \|",
                             section(ref, "Views and tables"), re.M))
     assert listed == relations

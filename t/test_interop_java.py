@@ -522,7 +522,7 @@ def test_redissons_wait_and_unlock_latches_do_not_confuse_sql(replicated, rsql, 
     finally:
         mon.stop()
     # the test exercised what it claims: WAIT after each of the 4 Java
-    # scripts, latch keys; and the README's finding on their clean-up
+    # scripts, latch keys; and doc/clients.md's finding on their clean-up
     assert sum(c.startswith("WAIT 1 ") for c in mon.seen) >= 4, mon.seen
     assert any(c.startswith("set redisson_unlock_latch:{synced}:") for c in mon.seen), mon.seen
     if replicated.line == "3":          # 3.52.0 deletes a different name: latches expire

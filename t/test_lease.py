@@ -1,6 +1,6 @@
 """Lease safety: watchdog renewal, lost locks, verify-on-commit, fencing,
 the cluster-wide view and counters.  Timings printed here are the numbers
-the README quotes (run: scripts/run-tests t/test_lease.py -s)."""
+doc/leases.md quotes (run: scripts/run-tests t/test_lease.py -s)."""
 import os
 import signal
 import statistics
@@ -287,7 +287,7 @@ def test_reentrant_acquire_asks_redis_so_a_lock_lost_meanwhile_is_not_believed(e
     the session knows cannot tell that Redis lost the key (a restart without
     persistence, an admin's force release, a failover): the worker would
     only notice at its next renewal, up to lease_time / 3 later (9.76 s of
-    10 s with the default 30 s lease, README "Reentrancy").  Asked at once,
+    10 s with the default 30 s lease, doc/reference.md, "Reentrancy").  Asked at once,
     the reentrant acquire warns, drops the stale holds and takes the lock
     anew under a new token, while another client could have taken it."""
     r, pg, session = env

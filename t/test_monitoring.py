@@ -90,7 +90,7 @@ def counters(snapshot):
 
 @pytest.fixture(scope="module")
 def monitor_user(pg):
-    """A non-superuser with pg_monitor, set up as the README says."""
+    """A non-superuser with pg_monitor, set up as doc/operations.md says."""
     c = pg.connect()
     try:
         c.cursor().execute("CREATE ROLE rl_monitor LOGIN IN ROLE pg_monitor")

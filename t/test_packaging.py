@@ -60,7 +60,7 @@ def test_one_set_of_postgresql_versions():
     assert meta["prereqs"]["build"]["requires"]["PostgreSQL"] == tested[0] + ".0.0"
     assert ("Built and tested on PostgreSQL %s and %s" % (", ".join(tested[:-1]), tested[-1])
             in read("README.md"))
-    # the README's table of majors is the matrix: one row per tested major
+    # doc/operations.md's table of majors is the matrix: one row per tested major
     compat = compatibility_section()
     assert sorted(set(re.findall(r"^\| (\d+)\b", compat, re.M)), key=int) == tested
     # bookworm's package is built for its 15 (debian/control is bookworm's)

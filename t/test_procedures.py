@@ -10,7 +10,7 @@ transaction back; what earlier COMMITs made durable stays).  Also through a
 transaction-pooling PgBouncer, for a role with redis_lock.session_locks =
 off.
 
-The README's procedure, archive_orders, takes a service's lock one batch
+doc/migrations.md's procedure, archive_orders, takes a service's lock one batch
 at a time; with a fair lock (Redisson's RFairLock in the real service) the
 service gets its turn between two batches.
 
@@ -36,7 +36,7 @@ END $$;
 
 CREATE TABLE batches (seq bigserial, n int);
 
--- the README's procedure; the test stops it at each INSERT (trigger below)
+-- doc/migrations.md's procedure; the test stops it at each INSERT (trigger below)
 -- README: archive-orders
 CREATE PROCEDURE archive_orders() LANGUAGE plpgsql AS $$
 BEGIN
@@ -194,7 +194,7 @@ def java(redis_srv):
 
 def test_the_service_gets_its_turn_between_the_batches_of_a_procedure(
         clean, pg, rc, sessions, java):
-    """archive_orders (the README's), with a fair lock (Redisson's RFairLock
+    """archive_orders (doc/migrations.md's), with a fair lock (Redisson's RFairLock
     in the service, protocol redisson_fair in SQL): each inner COMMIT
     releases the service's lock in Redis while the procedure goes on; the
     service, queued while the batch held it, gets it at that COMMIT, and the
