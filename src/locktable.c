@@ -560,13 +560,29 @@ call_sqlstate(RLCall *call)
 	return ERRCODE_PROTOCOL_VIOLATION;
 }
 
-static const char *const action_failed[] = {
-	[RL_ACTION_ACQUIRE] = gettext_noop("could not acquire Redis lock \"%s\""),
-	[RL_ACTION_RELEASE] = gettext_noop("could not release Redis lock \"%s\""),
-	[RL_ACTION_VERIFY] = gettext_noop("could not verify Redis lock \"%s\""),
-	[RL_ACTION_FORCE_RELEASE] = gettext_noop("could not force-release Redis lock \"%s\""),
-	[RL_ACTION_INSPECT] = gettext_noop("could not inspect Redis lock \"%s\""),
-};
+/*
+ * errmsg "could not <action> Redis lock", inside an ereport; one literal
+ * message a case so that gettext finds each
+ */
+static int
+action_failed(RLLockAction action, const char *name)
+{
+	switch (action)
+	{
+		case RL_ACTION_ACQUIRE:
+			return errmsg("could not acquire Redis lock \"%s\"", name);
+		case RL_ACTION_RELEASE:
+			return errmsg("could not release Redis lock \"%s\"", name);
+		case RL_ACTION_VERIFY:
+			return errmsg("could not verify Redis lock \"%s\"", name);
+		case RL_ACTION_FORCE_RELEASE:
+			return errmsg("could not force-release Redis lock \"%s\"", name);
+		case RL_ACTION_INSPECT:
+			return errmsg("could not inspect Redis lock \"%s\"", name);
+	}
+	elog(ERROR, "unexpected Redis lock action %d", (int) action);
+	pg_unreachable();
+}
 
 /* errcontext naming the Redis command of a failed call, its key and node */
 static int
@@ -586,7 +602,7 @@ report_call(int elevel, RLLockAction action, const char *name, RLCall *call)
 
 	ereport(elevel,
 			(errcode(code),
-			 errmsg(action_failed[action], name),
+			 action_failed(action, name),
 			 errdetail_internal("%s", rl_call_problem(call)),
 			 call_context(call),
 			 code == ERRCODE_CONNECTION_FAILURE ?
@@ -656,7 +672,7 @@ rl_raise_undecided(RLLockAction action, const char *name, RLLockOp *op)
 	if (op->nodes > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg(action_failed[action], name),
+				 action_failed(action, name),
 				 errdetail("No majority of the %d Redis masters answered: %d yes, %d no, %d failed; the first failure: %s.",
 						   op->nodes, op->yes, op->no, op->failed,
 						   rl_call_problem(op->failure)),

@@ -930,38 +930,11 @@ run_done(RunConn *rc)
 }
 
 /* ----------------------------------------------------------------
- * Failures: one fixed message per kind, the reason apart
+ * Failures: one fixed message per kind, the reason apart.  Each message
+ * is a literal at its errmsg or _() so that gettext finds it; the two
+ * switches below must say the same.
  * ----------------------------------------------------------------
  */
-static const char *const failure_message[] = {
-	[RL_FAIL_CONNECT] = gettext_noop("could not connect to Redis at %s"),
-	[RL_FAIL_TLS] = gettext_noop("could not establish a TLS connection to Redis at %s"),
-	[RL_FAIL_PASSWORD] = gettext_noop("password authentication failed for Redis at %s"),
-	[RL_FAIL_NOAUTH] = gettext_noop("Redis at %s requires authentication"),
-	[RL_FAIL_AUTH] = gettext_noop("Redis at %s refused authentication"),
-	[RL_FAIL_SETUP] = gettext_noop("Redis at %s refused the connection setup"),
-	[RL_FAIL_SEND] = gettext_noop("could not send to Redis at %s"),
-	[RL_FAIL_RECEIVE] = gettext_noop("lost connection to Redis at %s"),
-	[RL_FAIL_TIMEOUT] = gettext_noop("Redis at %s did not reply in time"),
-	[RL_FAIL_PARSE] = gettext_noop("could not parse a reply from Redis at %s"),
-	[RL_FAIL_LOCAL] = gettext_noop("could not talk to Redis at %s"),
-	[RL_FAIL_ROUTE] = gettext_noop("could not find the Redis node for key \"%s\""),
-	[RL_FAIL_UNSUPPORTED] = gettext_noop("Redis at %s does not offer the commands of locks without Lua scripts"),
-};
-
-static const char *const failure_hint[] = {
-	[RL_FAIL_CONNECT] = gettext_noop("Check redis_lock.url and that Redis is running."),
-	[RL_FAIL_TLS] = gettext_noop("Check redis_lock.tls_ca_file, redis_lock.tls_cert_file, redis_lock.tls_verify and that the port speaks TLS."),
-	[RL_FAIL_PASSWORD] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
-	[RL_FAIL_NOAUTH] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
-	[RL_FAIL_AUTH] = gettext_noop("Check redis_lock.password and the user in redis_lock.url."),
-	[RL_FAIL_SETUP] = gettext_noop("Check the database number in redis_lock.url."),
-	[RL_FAIL_SEND] = gettext_noop("Check that Redis is running."),
-	[RL_FAIL_RECEIVE] = gettext_noop("Check that Redis is running."),
-	[RL_FAIL_TIMEOUT] = gettext_noop("Check redis_lock.command_timeout and that Redis is running."),
-	[RL_FAIL_ROUTE] = gettext_noop("Check redis_lock.url, redis_lock.sentinels and redis_lock.sentinel_master, or redis_lock.cluster."),
-	[RL_FAIL_UNSUPPORTED] = gettext_noop("Use Valkey 9.0 or Redis 8.4 or later there, or set redis_lock.scripting = on."),
-};
 
 /* What a failure names: the server, or for RL_FAIL_ROUTE the key */
 static const char *
@@ -970,6 +943,99 @@ failure_subject(const RLCall *call)
 	if (call->failure == RL_FAIL_ROUTE)
 		return call->key ? call->key : "";
 	return call->conn ? call->conn->label : "";
+}
+
+/* The primary message of call's failure, translated, for a detail line */
+static char *
+failure_text(const RLCall *call)
+{
+	const char *s = failure_subject(call);
+
+	switch (call->failure)
+	{
+		case RL_FAIL_NONE:
+			break;
+		case RL_FAIL_CONNECT:
+			return psprintf(_("could not connect to Redis at %s"), s);
+		case RL_FAIL_TLS:
+			return psprintf(_("could not establish a TLS connection to Redis at %s"), s);
+		case RL_FAIL_PASSWORD:
+			return psprintf(_("password authentication failed for Redis at %s"), s);
+		case RL_FAIL_NOAUTH:
+			return psprintf(_("Redis at %s requires authentication"), s);
+		case RL_FAIL_AUTH:
+			return psprintf(_("Redis at %s refused authentication"), s);
+		case RL_FAIL_SETUP:
+			return psprintf(_("Redis at %s refused the connection setup"), s);
+		case RL_FAIL_SEND:
+			return psprintf(_("could not send to Redis at %s"), s);
+		case RL_FAIL_RECEIVE:
+			return psprintf(_("lost connection to Redis at %s"), s);
+		case RL_FAIL_TIMEOUT:
+			return psprintf(_("Redis at %s did not reply in time"), s);
+		case RL_FAIL_PARSE:
+			return psprintf(_("could not parse a reply from Redis at %s"), s);
+		case RL_FAIL_LOCAL:
+			return psprintf(_("could not talk to Redis at %s"), s);
+		case RL_FAIL_ROUTE:
+			return psprintf(_("could not find the Redis node for key \"%s\""), s);
+		case RL_FAIL_UNSUPPORTED:
+			return psprintf(_("Redis at %s does not offer the commands of locks without Lua scripts"), s);
+	}
+	elog(ERROR, "unexpected Redis call failure kind %d", (int) call->failure);
+	pg_unreachable();
+}
+
+/* errmsg and errhint (if any) of call's failure, inside an ereport */
+static int
+failure_message_and_hint(const RLCall *call)
+{
+	const char *s = failure_subject(call);
+
+	switch (call->failure)
+	{
+		case RL_FAIL_NONE:
+			break;
+		case RL_FAIL_CONNECT:
+			errhint("Check redis_lock.url and that Redis is running.");
+			return errmsg("could not connect to Redis at %s", s);
+		case RL_FAIL_TLS:
+			errhint("Check redis_lock.tls_ca_file, redis_lock.tls_cert_file, redis_lock.tls_verify and that the port speaks TLS.");
+			return errmsg("could not establish a TLS connection to Redis at %s", s);
+		case RL_FAIL_PASSWORD:
+			errhint("Check redis_lock.password and the user in redis_lock.url.");
+			return errmsg("password authentication failed for Redis at %s", s);
+		case RL_FAIL_NOAUTH:
+			errhint("Check redis_lock.password and the user in redis_lock.url.");
+			return errmsg("Redis at %s requires authentication", s);
+		case RL_FAIL_AUTH:
+			errhint("Check redis_lock.password and the user in redis_lock.url.");
+			return errmsg("Redis at %s refused authentication", s);
+		case RL_FAIL_SETUP:
+			errhint("Check the database number in redis_lock.url.");
+			return errmsg("Redis at %s refused the connection setup", s);
+		case RL_FAIL_SEND:
+			errhint("Check that Redis is running.");
+			return errmsg("could not send to Redis at %s", s);
+		case RL_FAIL_RECEIVE:
+			errhint("Check that Redis is running.");
+			return errmsg("lost connection to Redis at %s", s);
+		case RL_FAIL_TIMEOUT:
+			errhint("Check redis_lock.command_timeout and that Redis is running.");
+			return errmsg("Redis at %s did not reply in time", s);
+		case RL_FAIL_PARSE:
+			return errmsg("could not parse a reply from Redis at %s", s);
+		case RL_FAIL_LOCAL:
+			return errmsg("could not talk to Redis at %s", s);
+		case RL_FAIL_ROUTE:
+			errhint("Check redis_lock.url, redis_lock.sentinels and redis_lock.sentinel_master, or redis_lock.cluster.");
+			return errmsg("could not find the Redis node for key \"%s\"", s);
+		case RL_FAIL_UNSUPPORTED:
+			errhint("Use Valkey 9.0 or Redis 8.4 or later there, or set redis_lock.scripting = on.");
+			return errmsg("Redis at %s does not offer the commands of locks without Lua scripts", s);
+	}
+	elog(ERROR, "unexpected Redis call failure kind %d", (int) call->failure);
+	pg_unreachable();
 }
 
 /* Record that call got no reply, and why */
@@ -991,9 +1057,7 @@ char *
 rl_call_problem(const RLCall *call)
 {
 	if (call->error != NULL)
-		return psprintf("%s: %s",
-						psprintf(_(failure_message[call->failure]), failure_subject(call)),
-						call->error);
+		return psprintf("%s: %s", failure_text(call), call->error);
 	if (call->reply == NULL)
 		return psprintf(_("no reply from Redis at %s"), failure_subject(call));
 	if (call->reply->type == REDIS_REPLY_ERROR)
@@ -1041,9 +1105,8 @@ rl_raise_call_error(RLCall *call)
 	Assert(call->error != NULL);
 	ereport(ERROR,
 			(errcode(call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE),
-			 errmsg(failure_message[call->failure], failure_subject(call)),
+			 failure_message_and_hint(call),
 			 errdetail_internal("%s", call->error),
-			 failure_hint[call->failure] ? errhint("%s", _(failure_hint[call->failure])) : 0,
 			 raw_call_context(call)));
 	pg_unreachable();
 }
