@@ -1083,30 +1083,17 @@ note_cut_lease(RLSlot *s, Job *j, RLLockOp *op, TimestampTz sent)
 }
 
 /*
- * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
- * passwords the backends used, then apply the results unless the slot
- * changed hands meanwhile.  A renewed lock counts as renewed when the round
- * was sent: Redis restarted its lease no earlier than that.  Returns how
- * many ops failed; *problem gets (in problem_cxt) what went wrong with the
- * first failed op, if it has nothing yet.
+ * Up to a cycle has passed since the jobs were taken: a slot whose
+ * generation moved on meanwhile (released, handed to another lock, out of
+ * the watchdog or given another lease) is not sent.  The others are marked
+ * in flight and kept at the front of jobs; returns how many.
  */
 static int
-run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
-		  PassStats *ps, char **problem, MemoryContext problem_cxt)
+mark_jobs_in_flight(Job *jobs, int n)
 {
-	RLLockOp   *ops;
-	RLLockNames *names;
-	int			nfailed = 0;
-	TimestampTz sent;
-	TimestampTz now;
 	int			k;
 	int			m = 0;
 
-	/*
-	 * Up to a cycle has passed since the jobs were taken: a slot whose
-	 * generation moved on meanwhile (released, handed to another lock, out
-	 * of the watchdog or given another lease) is not sent.
-	 */
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
@@ -1120,12 +1107,17 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		}
 	}
 	LWLockRelease(shared->lock);
-	n = m;
-	if (n == 0)
-		return 0;
+	return m;
+}
 
-	ops = palloc0(sizeof(RLLockOp) * n);
-	names = palloc0(sizeof(RLLockNames) * n);
+/* The ops of a round, one per job, on target t */
+static RLLockOp *
+build_round_ops(Job *jobs, int n, RLTarget *t)
+{
+	RLLockOp   *ops = palloc0(sizeof(RLLockOp) * n);
+	RLLockNames *names = palloc0(sizeof(RLLockNames) * n);
+	int			k;
+
 	for (k = 0; k < n; k++)
 	{
 		Job		   *j = &jobs[k];
@@ -1139,14 +1131,71 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		ops[k].names = &names[k];
 		ops[k].lease_ms = j->lease_ms;
 	}
-	rl_use_credentials(target->password[0] ? target->password : NULL,
-					   target->sentinel_password[0] ? target->sentinel_password : NULL);
-	sent = GetCurrentTimestamp();
-	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
-	rl_use_settings_credentials();
-	ps->rounds++;
+	return ops;
+}
 
-	now = GetCurrentTimestamp();
+/*
+ * Apply a renewal's outcome f (1 renewed, 0 not ours, -1 unknown) sent at
+ * sent.  Caller holds the registry's lock.
+ */
+static void
+apply_renewal(Job *j, RLSlot *s, RLLockOp *op, int f, TimestampTz sent,
+			  PassStats *ps)
+{
+	/* released meanwhile (perhaps with its outcome unknown) */
+	if (s->state != SLOT_HELD)
+		return;
+	if (f == 1)
+	{
+		note_cut_lease(s, j, op, sent);
+		s->st.last_renewed_at = sent;
+		rl_stats_add(RL_STAT_RENEWALS, 1);
+		ps->renewed++;
+		/* late: a retry was late already, and is logged as failing */
+		if (sent > j->due && !j->retry)
+		{
+			ps->late++;
+			ps->late_ms = Max(ps->late_ms, (long) ((sent - j->due) / 1000));
+		}
+	}
+	else if (f == 0)
+	{
+		/* token gone or changed: lost for good, never renewed again */
+		s->st.lost = true;
+		rl_stats_add(RL_STAT_LOST, 1);
+		pg_atomic_fetch_add_u32(&shared->lost_events, 1);
+	}
+}
+
+/* Apply a release's outcome f.  Caller holds the registry's lock. */
+static void
+apply_release(Job *j, RLLockOp *op, int f, TimestampTz now, PassStats *ps)
+{
+	if (release_done(j, op, f, now))
+	{
+		/* released, or surely expired: the slot is free again */
+		if (f == 1)
+			rl_stats_add(RL_STAT_RELEASED, 1);
+		ps->released++;
+		slot_free(j->slot);
+	}
+	else if (f >= 0)
+		watch_again(j, now);
+}
+
+/*
+ * Apply the outcomes of a round sent at sent, unless the slot changed hands
+ * meanwhile.  Returns how many ops failed; *problem gets (in problem_cxt)
+ * what went wrong with the first failed op, if it has nothing yet.
+ */
+static int
+apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
+			char **problem, MemoryContext problem_cxt)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			nfailed = 0;
+	int			k;
+
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
@@ -1175,44 +1224,42 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
 			note_outcome(j, f < 0, now);
 		if (j->kind == JOB_RENEW)
-		{
-			/* released meanwhile (perhaps with its outcome unknown) */
-			if (s->state != SLOT_HELD)
-				continue;
-			if (f == 1)
-			{
-				note_cut_lease(s, j, op, sent);
-				s->st.last_renewed_at = sent;
-				rl_stats_add(RL_STAT_RENEWALS, 1);
-				ps->renewed++;
-				/* late: a retry was late already, and is logged as failing */
-				if (sent > j->due && !j->retry)
-				{
-					ps->late++;
-					ps->late_ms = Max(ps->late_ms, (long) ((sent - j->due) / 1000));
-				}
-			}
-			else if (f == 0)
-			{
-				/* token gone or changed: lost for good, never renewed again */
-				s->st.lost = true;
-				rl_stats_add(RL_STAT_LOST, 1);
-				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
-			}
-		}
-		else if (release_done(j, op, f, now))
-		{
-			/* released, or surely expired: the slot is free again */
-			if (f == 1)
-				rl_stats_add(RL_STAT_RELEASED, 1);
-			ps->released++;
-			slot_free(j->slot);
-		}
-		else if (f >= 0)
-			watch_again(j, now);
+			apply_renewal(j, s, op, f, sent, ps);
+		else
+			apply_release(j, op, f, now, ps);
 	}
 	LWLockRelease(shared->lock);
 	return nfailed;
+}
+
+/*
+ * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
+ * passwords the backends used, then apply the results unless the slot
+ * changed hands meanwhile.  A renewed lock counts as renewed when the round
+ * was sent: Redis restarted its lease no earlier than that.  Returns how
+ * many ops failed; *problem gets (in problem_cxt) what went wrong with the
+ * first failed op, if it has nothing yet.
+ */
+static int
+run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
+		  PassStats *ps, char **problem, MemoryContext problem_cxt)
+{
+	RLLockOp   *ops;
+	TimestampTz sent;
+
+	n = mark_jobs_in_flight(jobs, n);
+	if (n == 0)
+		return 0;
+
+	ops = build_round_ops(jobs, n, t);
+	rl_use_credentials(target->password[0] ? target->password : NULL,
+					   target->sentinel_password[0] ? target->sentinel_password : NULL);
+	sent = GetCurrentTimestamp();
+	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
+	rl_use_settings_credentials();
+	ps->rounds++;
+
+	return apply_round(jobs, ops, n, sent, ps, problem, problem_cxt);
 }
 
 /*
@@ -1323,6 +1370,196 @@ job_urgency_cmp(const void *a, const void *b)
 	return job_order((const Job *) a, (const Job *) b, false);
 }
 
+/* What the scan of a cycle found: the jobs due, and when more fall due */
+typedef struct CycleScan
+{
+	TimestampTz start;			/* when the cycle began */
+	TimestampTz next_due;		/* when the next slot not taken falls due */
+	Job		   *jobs;
+	int			njobs;
+	int			cap;
+	HTAB	   *alive;			/* backend_alive's cache */
+	int			last_pid;		/* the pid last asked about */
+	bool		last_alive;
+} CycleScan;
+
+static void
+scan_init(CycleScan *scan)
+{
+	HASHCTL		ctl;
+
+	memset(scan, 0, sizeof(*scan));
+	scan->start = GetCurrentTimestamp();
+	scan->next_due = TimestampTzPlusMilliseconds(scan->start, 1000);
+	scan->cap = 64;
+	scan->jobs = palloc(sizeof(Job) * scan->cap);
+	ctl.keysize = sizeof(int);
+	ctl.entrysize = sizeof(PidAlive);
+	ctl.hcxt = CurrentMemoryContext;
+	scan->alive = hash_create("redis_lock watchdog backends", 64, &ctl,
+							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+/*
+ * What slot s (index i) needs now, if anything: a release when its backend
+ * is gone or left it, a renewal when its renewal falls due soon enough.
+ * Returns false when nothing is due yet (moving scan->next_due up to when
+ * it will be).  Caller holds the registry's lock.
+ */
+static bool
+slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
+{
+	*due = scan->start;
+	if (s->state == SLOT_FREE)
+		return false;
+	/* a backend's slots often come in runs: ask the cache less */
+	if (s->st.pid != scan->last_pid)
+	{
+		scan->last_pid = s->st.pid;
+		scan->last_alive = backend_alive(scan->alive, scan->last_pid);
+	}
+	if (s->state == SLOT_ORPHAN || !scan->last_alive)
+		*kind = JOB_RELEASE;
+	else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&
+			 s->st.session_holds + s->st.xact_holds > 0)
+	{
+		long		ahead = lookahead_ms(s->st.lease_ms);
+		TimestampTz take_at;
+
+		*due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, renewal_period(s));
+		/* start by due - ahead; take along what is due within ahead more */
+		take_at = Max(TimestampTzPlusMilliseconds(*due, -2 * ahead),
+					  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+												  renewal_period(s) / 2));
+		if (take_at > scan->start)
+		{
+			scan->next_due = Min(scan->next_due,
+								 Max(take_at, TimestampTzPlusMilliseconds(*due, -ahead)));
+			return false;
+		}
+		*kind = JOB_RENEW;
+	}
+	else
+		return false;
+	if (not_yet(i, s->generation, scan->start))
+	{
+		scan->next_due = Min(scan->next_due, retries[i].retry_at);
+		return false;
+	}
+	return true;
+}
+
+/* Append the job of slot s (index i) to the scan.  Caller holds the lock. */
+static void
+add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
+{
+	Job		   *j;
+
+	if (scan->njobs == scan->cap)
+	{
+		scan->cap *= 2;
+		scan->jobs = repalloc(scan->jobs, sizeof(Job) * scan->cap);
+	}
+	j = &scan->jobs[scan->njobs++];
+	j->kind = kind;
+	j->slot = i;
+	j->generation = s->generation;
+	j->target = s->target;
+	j->protocol = s->st.protocol;
+	j->script_free = s->st.script_free;
+	j->lease_ms = s->st.lease_ms;
+	j->due = due;
+	j->horizon = s->horizon != 0 ? s->horizon :
+		TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+									s->st.lease_ms + 2 * rl_command_timeout_ms +
+									rl_connect_timeout_ms);
+	j->late_grant = s->late_grant;
+	j->retry = has_failed(i, s->generation);
+	j->failing = target_logs[s->target].failing;
+}
+
+/* Find what needs doing: one pass over the registry, its lock held shared */
+static void
+find_due_jobs(CycleScan *scan)
+{
+	int			i;
+
+	LWLockAcquire(shared->lock, LW_SHARED);
+	for (i = 0; i < shared->nslots; i++)
+	{
+		RLSlot	   *s = &shared->slots[i];
+		JobKind		kind;
+		TimestampTz due;
+
+		if (slot_due(scan, s, i, &kind, &due))
+			add_job(scan, s, i, kind, due);
+	}
+	LWLockRelease(shared->lock);
+}
+
+/* The most urgent first, and no more than a cycle's worth; returns how many */
+static int
+keep_most_urgent(Job *jobs, int njobs)
+{
+	if (njobs <= RL_WATCHDOG_CYCLE_JOBS)
+		return njobs;
+	qsort(jobs, njobs, sizeof(Job), job_urgency_cmp);
+	return RL_WATCHDOG_CYCLE_JOBS;
+}
+
+/*
+ * Copy the names and targets of the jobs taken; a slot that changed
+ * meanwhile is left for the next cycle.  The targets are copied in the
+ * same hold: an entry is reused only once no slot points at it.  Returns
+ * how many jobs are left, at the front of jobs.
+ */
+static int
+copy_job_names(Job *jobs, int njobs, RLSharedTarget *targets)
+{
+	int			ntaken = 0;
+	int			i;
+
+	LWLockAcquire(shared->lock, LW_SHARED);
+	memcpy(targets, shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
+	for (i = 0; i < njobs; i++)
+	{
+		RLSlot	   *s = &shared->slots[jobs[i].slot];
+
+		if (s->generation != jobs[i].generation || s->state == SLOT_FREE ||
+			s->target != jobs[i].target)
+			continue;
+		jobs[ntaken] = jobs[i];
+		jobs[ntaken].key = pstrdup(s->key);
+		jobs[ntaken].owner = pstrdup(s->owner);
+		ntaken++;
+	}
+	LWLockRelease(shared->lock);
+	return ntaken;
+}
+
+/*
+ * Run the jobs taken, a group at a time: slots doing fine first, those
+ * whose last attempt failed last; within each, targets that answered last
+ * time first; per target by deadline.
+ */
+static void
+run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
+{
+	int			g;
+
+	if (ntaken > 1)
+		qsort(jobs, ntaken, sizeof(Job), job_cmp);
+	for (g = 0; g < ntaken;)
+	{
+		int			e = g + 1;
+
+		while (e < ntaken && same_group(&jobs[g], &jobs[e]))
+			e++;
+		run_target(jobs + g, e - g, jobs[g].target, &targets[jobs[g].target], ps);
+		g = e;
+	}
+}
+
 /*
  * One cycle: renew what is due, release what exited backends left.  The
  * registry's lock is held (shared) to find what is due, again to copy the
@@ -1339,157 +1576,37 @@ job_urgency_cmp(const void *a, const void *b)
 static long
 worker_cycle(void)
 {
-	Job		   *jobs;
-	int			njobs = 0;
-	int			ntaken = 0;
-	int			cap = 64;
-	int			i;
-	int			g;
-	TimestampTz start = GetCurrentTimestamp();
-	TimestampTz next_due = TimestampTzPlusMilliseconds(start, 1000);
-	TimestampTz now;
+	CycleScan	scan;
 	RLSharedTarget *targets;
-	HASHCTL		ctl;
-	HTAB	   *alive;
 	PassStats	ps;
 	long		scan_ms;
-	int			last_pid = 0;
-	bool		last_alive = false;
+	int			njobs;
+	int			ntaken;
+	TimestampTz now;
 
 	memset(&ps, 0, sizeof(ps));
-	jobs = palloc(sizeof(Job) * cap);
 	targets = palloc(sizeof(RLSharedTarget) * RL_MAX_TARGETS);
-	ctl.keysize = sizeof(int);
-	ctl.entrysize = sizeof(PidAlive);
-	ctl.hcxt = CurrentMemoryContext;
-	alive = hash_create("redis_lock watchdog backends", 64, &ctl,
-						HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 
-	/* find what needs doing */
-	LWLockAcquire(shared->lock, LW_SHARED);
-	for (i = 0; i < shared->nslots; i++)
-	{
-		RLSlot	   *s = &shared->slots[i];
-		Job		   *j;
-		JobKind		kind;
-		TimestampTz due = start;
+	scan_init(&scan);
+	find_due_jobs(&scan);
+	scan_ms = (long) ((GetCurrentTimestamp() - scan.start) / 1000);
 
-		if (s->state == SLOT_FREE)
-			continue;
-		/* a backend's slots often come in runs: ask the cache less */
-		if (s->st.pid != last_pid)
-		{
-			last_pid = s->st.pid;
-			last_alive = backend_alive(alive, last_pid);
-		}
-		if (s->state == SLOT_ORPHAN || !last_alive)
-			kind = JOB_RELEASE;
-		else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&
-				 s->st.session_holds + s->st.xact_holds > 0)
-		{
-			long		ahead = lookahead_ms(s->st.lease_ms);
-			TimestampTz take_at;
-
-			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, renewal_period(s));
-			/* start by due - ahead; take along what is due within ahead more */
-			take_at = Max(TimestampTzPlusMilliseconds(due, -2 * ahead),
-						  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-													  renewal_period(s) / 2));
-			if (take_at > start)
-			{
-				next_due = Min(next_due, Max(take_at, TimestampTzPlusMilliseconds(due, -ahead)));
-				continue;
-			}
-			kind = JOB_RENEW;
-		}
-		else
-			continue;
-		if (not_yet(i, s->generation, start))
-		{
-			next_due = Min(next_due, retries[i].retry_at);
-			continue;
-		}
-		if (njobs == cap)
-		{
-			cap *= 2;
-			jobs = repalloc(jobs, sizeof(Job) * cap);
-		}
-		j = &jobs[njobs++];
-		j->kind = kind;
-		j->slot = i;
-		j->generation = s->generation;
-		j->target = s->target;
-		j->protocol = s->st.protocol;
-		j->script_free = s->st.script_free;
-		j->lease_ms = s->st.lease_ms;
-		j->due = due;
-		j->horizon = s->horizon != 0 ? s->horizon :
-			TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-										s->st.lease_ms + 2 * rl_command_timeout_ms +
-										rl_connect_timeout_ms);
-		j->late_grant = s->late_grant;
-		j->retry = has_failed(i, s->generation);
-		j->failing = target_logs[s->target].failing;
-	}
-	LWLockRelease(shared->lock);
-	scan_ms = (long) ((GetCurrentTimestamp() - start) / 1000);
-
-	/* the most urgent first, and no more than a cycle's worth */
-	if (njobs > RL_WATCHDOG_CYCLE_JOBS)
-	{
-		qsort(jobs, njobs, sizeof(Job), job_urgency_cmp);
-		njobs = RL_WATCHDOG_CYCLE_JOBS;
-	}
-
-	/*
-	 * Copy the names and targets of the jobs taken; a slot that changed
-	 * meanwhile is left for the next cycle.  The targets are copied in the
-	 * same hold: an entry is reused only once no slot points at it.
-	 */
-	LWLockAcquire(shared->lock, LW_SHARED);
-	memcpy(targets, shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
-	for (i = 0; i < njobs; i++)
-	{
-		RLSlot	   *s = &shared->slots[jobs[i].slot];
-
-		if (s->generation != jobs[i].generation || s->state == SLOT_FREE ||
-			s->target != jobs[i].target)
-			continue;
-		jobs[ntaken] = jobs[i];
-		jobs[ntaken].key = pstrdup(s->key);
-		jobs[ntaken].owner = pstrdup(s->owner);
-		ntaken++;
-	}
-	LWLockRelease(shared->lock);
-
-	/*
-	 * Slots doing fine first, those whose last attempt failed last; within
-	 * each, targets that answered last time first; per target by deadline.
-	 */
-	if (ntaken > 1)
-		qsort(jobs, ntaken, sizeof(Job), job_cmp);
-	for (g = 0; g < ntaken;)
-	{
-		int			e = g + 1;
-
-		while (e < ntaken && same_group(&jobs[g], &jobs[e]))
-			e++;
-		run_target(jobs + g, e - g, jobs[g].target, &targets[jobs[g].target], &ps);
-		g = e;
-	}
+	njobs = keep_most_urgent(scan.jobs, scan.njobs);
+	ntaken = copy_job_names(scan.jobs, njobs, targets);
+	run_job_groups(scan.jobs, ntaken, targets, &ps);
 	explicit_bzero(targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
 
 	now = GetCurrentTimestamp();
 	if (njobs > 0)
 	{
-		long		pass_ms = (long) ((now - start) / 1000);
+		long		pass_ms = (long) ((now - scan.start) / 1000);
 
 		note_pass(pass_ms);
 		report_pass(&ps, pass_ms, scan_ms);
 		/* look again at once: the results moved the due times */
 		return 1;
 	}
-	return Max(1, (long) ((next_due - now + 999) / 1000));
+	return Max(1, (long) ((scan.next_due - now + 999) / 1000));
 }
 
 /*
