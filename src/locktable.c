@@ -1268,72 +1268,81 @@ local_queue_id(RLHeld *e)
 	return rl_waitq_id(e->target->spec, e->names.key);
 }
 
-/*
- * Wait for the lock.  First, behind this server's earlier waiters for it,
- * if any (waitqueue.c): only the head of that queue works in Redis.  Then
- * subscribe to its release channel on every node and alternate attempts
- * with latch waits that end on a release message, on the holder's expiry,
- * or on a bounded backoff for holders that never publish.  Redlock retries
- * add random jitter so contenders do not collide again.
- */
+/* End of a wait: how long it took goes to the stats */
 static AcqOutcome
-wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
+waited(TimestampTz start, AcqOutcome outcome)
 {
-	TimestampTz start = GetCurrentTimestamp();
-	TimestampTz deadline = TimestampTzPlusMilliseconds(start, wait_ms);
-	RLConn	   *subs[RL_MAX_NODES];
-	int			nsubs;
-	long		backoff = 8;
-	const char *sub = rl_pubsub_subscribe_cmd();
-	const char *unsub = rl_pubsub_unsubscribe_cmd();
-	bool		redlock = e->target->kind == RL_TOPO_REDLOCK;
-	AcqOutcome	outcome = ACQ_BUSY;
-	int			i;
+	rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
+	return outcome;
+}
 
-	const char *channel = rl_wait_channel(&e->names);
+/*
+ * Wait behind this server's earlier waiters for the lock (waitqueue.c), if
+ * its waiters queue locally: only the head of that queue works in Redis.
+ * Returns true when the wait ended here, with *outcome what it came to: the
+ * wait ran out in the queue, or the one attempt made when our turn came
+ * decided it.  Returns false to go on waiting in Redis.
+ */
+static bool
+wait_local_turn(RLHeld *e, int64 lease_ms, TimestampTz deadline,
+				RLLockOp *op, AcqOutcome *outcome)
+{
 	uint64		queue_id = local_queue_id(e);
+	bool		turn;
+	TimestampTz now;
 
-	rl_stats_add(RL_STAT_WAITS, 1);
 	/* no Redlock grants below the quorum kept while sleeping in the queue */
 	if (queue_id != 0 && op->yes > 0)
 		(void) release_partial_grants(e, op);
-	if (queue_id != 0 && !rl_waitq_join(queue_id))
+	if (queue_id == 0 || rl_waitq_join(queue_id))
+		return false;
+
+	/* asleep in the queue, it is still checked for deadlocks */
+	while (!(turn = rl_waitq_wait_turn(rl_deadlock_wake_at(deadline))) &&
+		   (now = GetCurrentTimestamp()) < deadline)
+		rl_deadlock_check_due(now);
+	if (!turn)
 	{
-		bool		turn;
-		TimestampTz now;
-
-		/* asleep in the queue, it is still checked for deadlocks */
-		while (!(turn = rl_waitq_wait_turn(rl_deadlock_wake_at(deadline))) &&
-			   (now = GetCurrentTimestamp()) < deadline)
-			rl_deadlock_check_due(now);
-		if (!turn)
-		{
-			/* the wait ran out behind earlier local waiters */
-			rl_waitq_leave();
-			rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
-			return ACQ_BUSY;
-		}
-
-		/*
-		 * Our turn came because the waiter before us stopped waiting, most
-		 * often because it got the lock, and its hold is often over by now:
-		 * try once before subscribing, which a grant makes unnecessary.
-		 */
-		outcome = attempt(e, lease_ms, op);
-		if (outcome == ACQ_GOT || outcome == ACQ_WRONGTYPE ||
-			(outcome == ACQ_UNDECIDED && !redlock))
-		{
-			rl_waitq_leave();
-			rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
-			return outcome;
-		}
-		if (op->yes > 0)
-			(void) release_partial_grants(e, op);
+		/* the wait ran out behind earlier local waiters */
+		rl_waitq_leave();
+		*outcome = ACQ_BUSY;
+		return true;
 	}
+
+	/*
+	 * Our turn came because the waiter before us stopped waiting, most often
+	 * because it got the lock, and its hold is often over by now: try once
+	 * before subscribing, which a grant makes unnecessary.
+	 */
+	*outcome = attempt(e, lease_ms, op);
+	if (*outcome == ACQ_GOT || *outcome == ACQ_WRONGTYPE ||
+		(*outcome == ACQ_UNDECIDED && e->target->kind != RL_TOPO_REDLOCK))
+	{
+		rl_waitq_leave();
+		return true;
+	}
+	if (op->yes > 0)
+		(void) release_partial_grants(e, op);
+	return false;
+}
+
+/*
+ * Subscribe to the lock's release channel on every node of its target
+ * (filling subs, returning how many), and a fair lock's waiter joins its
+ * queue in Redis.  The connections are noted as dirty until the wait ends.
+ */
+static int
+subscribe_for_release(RLHeld *e, int64 wait_ms, const char *sub,
+					  const char *channel, RLConn **subs)
+{
+	int			nsubs;
+	int			i;
+
 	nsubs = rl_target_nodes_or_raise(e->target, e->names.key, e->names.keylen,
 									  subs, true);
 	for (i = 0; i < nsubs && ndirty_subs < (int) lengthof(dirty_subs); i++)
 		dirty_subs[ndirty_subs++] = subs[i];
+
 	/*
 	 * The release channel, and in the same round trip the lock key's
 	 * keyspace notifications: where the server publishes them, a holder
@@ -1347,54 +1356,99 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		e->queued_ms = wait_ms;
 		nqueued++;
 	}
+	return nsubs;
+}
+
+/*
+ * How long to sleep after an attempt that did not decide, at now: holders
+ * of ours publish on release, so poll rarely; others back off (*backoff).
+ * Never past the holder's expiry or the deadline; Redlock adds jitter.
+ */
+static long
+retry_sleep_ms(RLLockOp *op, AcqOutcome outcome, bool redlock, long *backoff,
+			   TimestampTz now, TimestampTz deadline)
+{
+	long		sleep_ms;
+
+	if (outcome == ACQ_BUSY && op->holder_publishes)
+		sleep_ms = 1000;
+	else
+	{
+		sleep_ms = *backoff;
+		*backoff = Min(*backoff * 2, 100);
+	}
+	if (op->pttl > 0)
+		sleep_ms = Min(sleep_ms, (long) op->pttl + 1);
+	if (redlock)
+		sleep_ms += jitter(Min(sleep_ms, 50));
+	sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
+	if (sleep_ms < 1)
+		sleep_ms = 1;
+	return sleep_ms;
+}
+
+/*
+ * Sleep from now until wake or a wake-up message.  A holder that publishes
+ * wakes us on its channel: its keyspace "del" would only wake us a second
+ * time.  A deadlock check that comes due meanwhile runs without an attempt
+ * of its own.
+ */
+static void
+sleep_until_woken(RLHeld *e, RLLockOp *op, RLConn **subs, int nsubs,
+				  const char *channel, TimestampTz now, TimestampTz wake)
+{
+	while (!rl_wait_for_message(subs, nsubs, channel,
+								op->holder_publishes ? NULL : e->names.key,
+								(long) ((rl_deadlock_wake_at(wake) - now + 999) / 1000)) &&
+		   (now = GetCurrentTimestamp()) < wake)
+		rl_deadlock_check_due(now);
+}
+
+/*
+ * Alternate attempts with sleeps that end on a release message, on the
+ * holder's expiry, or on a bounded backoff for holders that never publish,
+ * until the lock is ours, refused for good, or the deadline passed.
+ */
+static AcqOutcome
+attempt_until_deadline(RLHeld *e, int64 lease_ms, TimestampTz deadline,
+					   RLLockOp *op, RLConn **subs, int nsubs,
+					   const char *channel)
+{
+	bool		redlock = e->target->kind == RL_TOPO_REDLOCK;
+	long		backoff = 8;
 
 	for (;;)
 	{
+		AcqOutcome	outcome;
 		TimestampTz now;
-		TimestampTz wake;
 		long		sleep_ms;
 
 		/* the release may have happened before the subscription took */
 		outcome = attempt(e, lease_ms, op);
 		if (outcome == ACQ_GOT || outcome == ACQ_WRONGTYPE)
-			break;
+			return outcome;
 		if (outcome == ACQ_UNDECIDED && !redlock)
-			break;				/* one node and it failed: an error now */
+			return outcome;		/* one node and it failed: an error now */
 		if (op->yes > 0)
 			(void) release_partial_grants(e, op);
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
-			break;
+			return outcome;
 
-		/* holders of ours publish on release: poll rarely; others: backoff */
-		if (outcome == ACQ_BUSY && op->holder_publishes)
-			sleep_ms = 1000;
-		else
-		{
-			sleep_ms = backoff;
-			backoff = Min(backoff * 2, 100);
-		}
-		if (op->pttl > 0)
-			sleep_ms = Min(sleep_ms, (long) op->pttl + 1);
-		if (redlock)
-			sleep_ms += jitter(Min(sleep_ms, 50));
-		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
-		if (sleep_ms < 1)
-			sleep_ms = 1;
-		wake = TimestampTzPlusMilliseconds(now, sleep_ms);
-
-		/*
-		 * A holder that publishes wakes us on its channel: its keyspace
-		 * "del" would only wake us a second time.  A deadlock check that
-		 * comes due meanwhile runs without an attempt of its own.
-		 */
-		while (!rl_wait_for_message(subs, nsubs, channel,
-									op->holder_publishes ? NULL : e->names.key,
-									(long) ((rl_deadlock_wake_at(wake) - now + 999) / 1000)) &&
-			   (now = GetCurrentTimestamp()) < wake)
-			rl_deadlock_check_due(now);
+		sleep_ms = retry_sleep_ms(op, outcome, redlock, &backoff, now, deadline);
+		sleep_until_woken(e, op, subs, nsubs, channel, now,
+						  TimestampTzPlusMilliseconds(now, sleep_ms));
 	}
+}
 
+/*
+ * Stop waiting: leave the local queue, unsubscribe without waiting for the
+ * replies, and leave a fair lock's queue in Redis unless the grant did.
+ */
+static void
+stop_waiting(RLHeld *e, RLConn **subs, int nsubs, const char *unsub,
+			 const char *channel, AcqOutcome outcome)
+{
 	/* the next local waiter takes over at once, while we tidy up */
 	rl_waitq_leave();
 	rl_unsubscribe_async(subs, nsubs, unsub, channel, e->names.key);
@@ -1410,8 +1464,36 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 		else
 			leave_queues();
 	}
-	rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));
-	return outcome;
+}
+
+/*
+ * Wait for the lock.  First, behind this server's earlier waiters for it,
+ * if any (waitqueue.c): only the head of that queue works in Redis.  Then
+ * subscribe to its release channel on every node and alternate attempts
+ * with latch waits that end on a release message, on the holder's expiry,
+ * or on a bounded backoff for holders that never publish.  Redlock retries
+ * add random jitter so contenders do not collide again.
+ */
+static AcqOutcome
+wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
+{
+	TimestampTz start = GetCurrentTimestamp();
+	TimestampTz deadline = TimestampTzPlusMilliseconds(start, wait_ms);
+	RLConn	   *subs[RL_MAX_NODES];
+	int			nsubs;
+	const char *sub = rl_pubsub_subscribe_cmd();
+	const char *unsub = rl_pubsub_unsubscribe_cmd();
+	const char *channel = rl_wait_channel(&e->names);
+	AcqOutcome	outcome;
+
+	rl_stats_add(RL_STAT_WAITS, 1);
+	if (wait_local_turn(e, lease_ms, deadline, op, &outcome))
+		return waited(start, outcome);
+	nsubs = subscribe_for_release(e, wait_ms, sub, channel, subs);
+	outcome = attempt_until_deadline(e, lease_ms, deadline, op, subs, nsubs,
+									 channel);
+	stop_waiting(e, subs, nsubs, unsub, channel, outcome);
+	return waited(start, outcome);
 }
 
 /* Verify a held lock with Redis and restart its lease; false if lost */
