@@ -18,8 +18,10 @@
  *				  a waiter runs from deadlock_timeout on
  *	waitqueue.c   server-local queues of the backends waiting for the same
  *				  lock in shared memory: one contends in Redis, the rest sleep
- *	watchdog.c    shared-memory registry of every backend's locks and the
- *				  background worker that renews and cleans them up
+ *	watchdog.c    the background worker that renews every backend's locks
+ *				  and cleans up what exited backends left, from the registry
+ *	registry.c    the shared-memory registry of every backend's locks
+ *				  (its layout, shared with watchdog.c only, is registry_int.h)
  *	lockop.c      one lock operation over every node of a target, with the
  *				  per-node answers counted by majority
  *	protocol.c    the wire layouts: Lua scripts of each protocol, key and

@@ -274,7 +274,7 @@ entry_create(RLLockMode mode, const char *name)
 }
 
 /* ----------------------------------------------------------------
- * The entry's slot in the shared registry (watchdog.c)
+ * The entry's slot in the shared registry (registry.c)
  * ----------------------------------------------------------------
  */
 static void
