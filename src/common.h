@@ -24,9 +24,15 @@
  *				  (its layout, shared with watchdog.c only, is registry_int.h)
  *	lockop.c      one lock operation over every node of a target, with the
  *				  per-node answers counted by majority
- *	protocol.c    the wire layouts: Lua scripts of each protocol, key and
- *				  channel names, owner tokens, EVALSHA with NOSCRIPT
- *				  recovery, reply decoding
+ *	scripts.c     the wire layouts' Lua scripts, EVALSHA with NOSCRIPT
+ *				  recovery, the scripted form of each operation, and the
+ *				  choice of form (rl_build_unit)
+ *	scriptfree.c  the script-free forms (redis_lock.scripting off) and what
+ *				  each server offers of them
+ *	replies.c     decoding the replies of either form
+ *	protocol.c    key and channel names, owner tokens, pub/sub commands:
+ *				  what every form uses (shared with the three above through
+ *				  protocol_int.h)
  *	topology.c    where a key lives: single node, Redlock masters, Sentinel,
  *				  Cluster slot map
  *	transport.c   connections to Redis servers: their handshake, pipelined

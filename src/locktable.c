@@ -30,7 +30,7 @@
  *
  *	  Must not: call hiredis (transport.c and stream.c do; its header is
  *	  included here only for the REDIS_REPLY_* codes of an RLReply's type),
- *	  know script bodies (protocol.c does), define SQL-callable functions
+ *	  know script bodies (scripts.c does), define SQL-callable functions
  *	  (functions.c does).
  *
  * Copyright (c) 2026, redis_lock developers

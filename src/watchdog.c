@@ -347,7 +347,6 @@ backend_alive(HTAB *alive, int pid)
 	return e->alive;
 }
 
-
 /* What went wrong with a failed op, for the watchdog's LOG line */
 static char *
 watchdog_problem(RLLockOp *op)
