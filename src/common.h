@@ -35,8 +35,15 @@
  *				  protocol_int.h)
  *	topology.c    where a key lives: single node, Redlock masters, Sentinel,
  *				  Cluster slot map
- *	transport.c   connections to Redis servers: their handshake, pipelined
- *				  round trips and pub/sub, all waits on the latch
+ *	pubsub.c      subscriber connections: subscribe, unsubscribe, wait on
+ *				  the latch for a release message
+ *	transport.c   pipelined round trips over one or many connections, with
+ *				  each connection's (re)connect and handshake
+ *	owed.c        calls sent without waiting, and the replies their
+ *				  connections owe
+ *	connection.c  the cache of connections to Redis servers, latch waits on
+ *				  their sockets, reply copies, calls and their failures
+ *				  (what the four share is in transport_int.h)
  *	stream.c      the bytes of one connection: socket, TLS (OpenSSL), the
  *				  hiredis RESP codec
  *	resolve.c     host names to addresses (c-ares), waited for on the latch

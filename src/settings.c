@@ -5,8 +5,8 @@
  *
  *	  Nothing here talks to Redis or touches the lock table.  Changing a
  *	  setting that decides where or how we connect bumps
- *	  rl_settings_generation; transport.c and topology.c compare it to drop
- *	  what they cached.
+ *	  rl_settings_generation; connection.c, transport.c and topology.c
+ *	  compare it to drop what they cached.
  *
  * Copyright (c) 2026, redis_lock developers
  *
