@@ -8,11 +8,19 @@
  * and each layer's header includes only the header of the layer below:
  *
  *	functions.c   SQL-callable functions: argument checks, result shaping
- *	locktable.c   per-backend table of held locks, reentrancy, transaction
- *				  and session-exit callbacks, acquire/wait/release logic
- *	lockmany.c    beside locktable.c: several locks acquired at once, all
- *				  or nothing; keeps the table only through the rl_many_*
- *				  interface of locktable.h
+ *	lockmany.c    beside the lock table: several locks acquired at once,
+ *				  all or nothing; keeps the table only through the rl_many_*
+ *				  interface of locktable.h (lockacquire.c, lockrelease.c)
+ *	lockxact.c    the lock table's transaction, subtransaction and
+ *				  backend-exit callbacks (registered by locktable.c)
+ *	lockrelease.c release, extend, release of every session hold, dropping
+ *				  the holds of a scope
+ *	lockacquire.c acquire: attempts, reentrancy, the wait for a busy lock,
+ *				  the rl_many_* interface lockmany.c acquires through
+ *	lockdoubts.c  releases sent without waiting, doubts, rl_safe_point
+ *	locktable.c   per-backend table of held locks: entries, their holds and
+ *				  registry slots, operations on their nodes (what the five
+ *				  lock*.c files share is in locktable_int.h)
  *	deadlock.c    deadlocks through Redis locks among this server's backends:
  *				  what each waiter waits for, in shared memory, and the check
  *				  a waiter runs from deadlock_timeout on

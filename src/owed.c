@@ -149,7 +149,7 @@ rl_finish_owed_reply(RLConn *conn)
 			rl_conn_close(conn);
 			return;
 		}
-		/* (no deadline check here: poll_conn's is the owed call's own) */
+		/* (no deadline check here: rl_poll_conn's is the owed call's own) */
 		rl_poll_conn(conn, GetCurrentTimestamp());
 	}
 }

@@ -68,7 +68,7 @@ exec_reply(RLCall *unit, int n)
 }
 
 /*
- * The script-free acquire's transaction (free_unit): SET's GET, the fence
+ * The script-free acquire's transaction (rl_free_unit): SET's GET, the fence
  * counter's INCR (when fence), PTTL, TYPE.
  */
 static void
