@@ -350,6 +350,25 @@ wait_for_lock(RLHeld *e, int64 lease_ms, int64 wait_ms, RLLockOp *op)
 }
 
 /*
+ * A lock the session holds was found not ours: warn, and forget its holds
+ * and its entry; the caller takes the lock anew.
+ */
+static void
+discard_lost(RLHeld *e)
+{
+	if (!e->lost)
+		rl_lt_mark_lost(e);
+	ereport(WARNING,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("Redis lock \"%s\" was lost; acquiring it anew", e->name),
+			 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
+					   RL_HOLDS(e))));
+	e->session_holds = e->xact_holds = 0;
+	rl_lt_became_doubt(e);
+	rl_lt_entry_remove(e);
+}
+
+/*
  * A lock the session holds, acquired again: one round trip proves we still
  * own it, and the hold is counted.  When it was lost, warns, forgets the
  * entry and returns false: the caller acquires it anew.
@@ -367,16 +386,7 @@ acquire_again(RLHeld *e, int64 lease_ms, RLScope scope)
 		rl_lt_registry_sync(e, true);
 		return true;
 	}
-	if (!e->lost)
-		rl_lt_mark_lost(e);
-	ereport(WARNING,
-			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-			 errmsg("Redis lock \"%s\" was lost; acquiring it anew", e->name),
-			 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
-					   RL_HOLDS(e))));
-	e->session_holds = e->xact_holds = 0;
-	rl_lt_became_doubt(e);
-	rl_lt_entry_remove(e);
+	discard_lost(e);
 	return false;
 }
 
@@ -665,16 +675,7 @@ rl_many_answered(RLHeld *e, bool late_grant)
 void
 rl_many_discard_lost(RLHeld *e)
 {
-	if (!e->lost)
-		rl_lt_mark_lost(e);
-	ereport(WARNING,
-			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-			 errmsg("Redis lock \"%s\" was lost; acquiring it anew", e->name),
-			 errdetail("The %d earlier hold(s) of this session are discarded; releasing them will report that the lock is not held.",
-					   RL_HOLDS(e))));
-	e->session_holds = e->xact_holds = 0;
-	rl_lt_became_doubt(e);
-	rl_lt_entry_remove(e);
+	discard_lost(e);
 }
 
 /*
