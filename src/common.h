@@ -8,27 +8,50 @@
  * and each layer's header includes only the header of the layer below:
  *
  *	functions.c   SQL-callable functions: argument checks, result shaping
- *	locktable.c   per-backend table of held locks, reentrancy, transaction
- *				  and session-exit callbacks, acquire/wait/release logic
- *	lockmany.c    beside locktable.c: several locks acquired at once, all
- *				  or nothing; keeps the table only through the rl_many_*
- *				  interface of locktable.h
+ *	lockmany.c    beside the lock table: several locks acquired at once,
+ *				  all or nothing; keeps the table only through the rl_many_*
+ *				  interface of locktable.h (lockacquire.c, lockrelease.c)
+ *	lockxact.c    the lock table's transaction, subtransaction and
+ *				  backend-exit callbacks (registered by locktable.c)
+ *	lockrelease.c release, extend, release of every session hold, dropping
+ *				  the holds of a scope
+ *	lockacquire.c acquire: attempts, reentrancy, the wait for a busy lock,
+ *				  the rl_many_* interface lockmany.c acquires through
+ *	lockdoubts.c  releases sent without waiting, doubts, rl_safe_point
+ *	locktable.c   per-backend table of held locks: entries, their holds and
+ *				  registry slots, operations on their nodes (what the five
+ *				  lock*.c files share is in locktable_int.h)
  *	deadlock.c    deadlocks through Redis locks among this server's backends:
  *				  what each waiter waits for, in shared memory, and the check
  *				  a waiter runs from deadlock_timeout on
  *	waitqueue.c   server-local queues of the backends waiting for the same
  *				  lock in shared memory: one contends in Redis, the rest sleep
- *	watchdog.c    shared-memory registry of every backend's locks and the
- *				  background worker that renews and cleans them up
+ *	watchdog.c    the background worker that renews every backend's locks
+ *				  and cleans up what exited backends left, from the registry
+ *	registry.c    the shared-memory registry of every backend's locks
+ *				  (its layout, shared with watchdog.c only, is registry_int.h)
  *	lockop.c      one lock operation over every node of a target, with the
  *				  per-node answers counted by majority
- *	protocol.c    the wire layouts: Lua scripts of each protocol, key and
- *				  channel names, owner tokens, EVALSHA with NOSCRIPT
- *				  recovery, reply decoding
+ *	scripts.c     the wire layouts' Lua scripts, EVALSHA with NOSCRIPT
+ *				  recovery, the scripted form of each operation, and the
+ *				  choice of form (rl_build_unit)
+ *	scriptfree.c  the script-free forms (redis_lock.scripting off) and what
+ *				  each server offers of them
+ *	replies.c     decoding the replies of either form
+ *	protocol.c    key and channel names, owner tokens, pub/sub commands:
+ *				  what every form uses (shared with the three above through
+ *				  protocol_int.h)
  *	topology.c    where a key lives: single node, Redlock masters, Sentinel,
  *				  Cluster slot map
- *	transport.c   connections to Redis servers: their handshake, pipelined
- *				  round trips and pub/sub, all waits on the latch
+ *	pubsub.c      subscriber connections: subscribe, unsubscribe, wait on
+ *				  the latch for a release message
+ *	transport.c   pipelined round trips over one or many connections, with
+ *				  each connection's (re)connect and handshake
+ *	owed.c        calls sent without waiting, and the replies their
+ *				  connections owe
+ *	connection.c  the cache of connections to Redis servers, latch waits on
+ *				  their sockets, reply copies, calls and their failures
+ *				  (what the four share is in transport_int.h)
  *	stream.c      the bytes of one connection: socket, TLS (OpenSSL), the
  *				  hiredis RESP codec
  *	resolve.c     host names to addresses (c-ares), waited for on the latch

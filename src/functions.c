@@ -5,10 +5,10 @@
  *	  checks (NULL, empty, oversized names; ttl and wait ranges), the errors
  *	  a caller sees for a wait that elapsed, and the shape of every result.
  *
- *	  The work itself is done by locktable.c (and lockmany.c for several
- *	  locks at once); this file must not keep lock state of its own or talk
- *	  to Redis except through them and lockop.c, and must not call hiredis:
- *	  its header is included only for the
+ *	  The work itself is done by the lock table (locktable.c and the lock*.c
+ *	  files beside it; lockmany.c for several locks at once); this file must
+ *	  not keep lock state of its own or talk to Redis except through them and
+ *	  lockop.c, and must not call hiredis: its header is included only for the
  *	  REDIS_REPLY_* codes of the RLReply trees lockop.c hands back.
  *
  * Copyright (c) 2026, redis_lock developers

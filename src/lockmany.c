@@ -26,7 +26,7 @@
  *	  it needs and let two such waiters wait for each other's seats; so it
  *	  contends in Redis like a waiter without preloading.
  *
- *	  Must not: call hiredis, know script bodies (protocol.c does), touch
+ *	  Must not: call hiredis, know script bodies (scripts.c does), touch
  *	  locktable.c's table other than through its declared interface, or
  *	  define SQL-callable functions (functions.c does).
  *

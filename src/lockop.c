@@ -10,8 +10,9 @@
  *	  sent without waiting (rl_lock_ops_send) and counted once its replies
  *	  are in (rl_lock_op_answered).
  *
- *	  Must not: build scripts or names (protocol.c does), keep state about
- *	  held locks (locktable.c does), raise for a node's failure in soft mode.
+ *	  Must not: build scripts or names (scripts.c, protocol.c do), keep
+ *	  state about held locks (locktable.c does), raise for a node's failure
+ *	  in soft mode.
  *
  * Copyright (c) 2026, redis_lock developers
  *

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * locktable.h
- *	  This backend's table of Redis locks (locktable.c).
+ *	  This backend's table of Redis locks (locktable.c, lockacquire.c,
+ *	  lockrelease.c, lockdoubts.c, lockxact.c).
  *
  * Copyright (c) 2026, redis_lock developers
  *

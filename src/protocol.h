@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * protocol.h
- *	  The wire layouts: scripts, names, owner tokens, replies (protocol.c).
+ *	  The wire layouts: scripts, names, owner tokens, replies (protocol.c,
+ *	  scripts.c, scriptfree.c, replies.c).
  *
  * Copyright (c) 2026, redis_lock developers
  *

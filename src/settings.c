@@ -5,8 +5,8 @@
  *
  *	  Nothing here talks to Redis or touches the lock table.  Changing a
  *	  setting that decides where or how we connect bumps
- *	  rl_settings_generation; transport.c and topology.c compare it to drop
- *	  what they cached.
+ *	  rl_settings_generation; connection.c, transport.c and topology.c
+ *	  compare it to drop what they cached.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -370,85 +370,137 @@ bump_generation_enum(int newval, void *extra)
 	rl_settings_generation++;
 }
 
-/*
- * Define every redis_lock.* setting and reserve the prefix; called once from
- * _PG_init.
- */
-void
-rl_define_settings(void)
+/* The kinds of setting PostgreSQL's DefineCustom*Variable can define */
+typedef enum RLSettingKind
 {
-	DefineCustomStringVariable("redis_lock.url",
-							   "Redis server holding the locks, as redis://[user@]host:port/db.",
-							   NULL,
-							   &rl_url,
-							   "redis://127.0.0.1:6379/0",
-							   PGC_SUSET,
-							   0,
-							   check_url, bump_generation, NULL);
+	RL_SETTING_BOOL,
+	RL_SETTING_INT,
+	RL_SETTING_STRING,
+	RL_SETTING_ENUM,
+} RLSettingKind;
 
-	DefineCustomStringVariable("redis_lock.password",
-							   "Password sent with AUTH (with the URL's user, ACL AUTH).",
-							   NULL,
-							   &rl_password,
-							   "",
-							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
-							   NULL, bump_generation, NULL);
+/*
+ * One redis_lock.* setting as rl_define_settings hands it to PostgreSQL.
+ * Of the variable, default and hook fields only those of its kind are set;
+ * the others stay NULL or zero.
+ */
+typedef struct RLSettingDesc
+{
+	RLSettingKind kind;
+	const char *name;
+	const char *short_desc;
+	const char *long_desc;
+	GucContext	context;
+	int			flags;			/* GUC_* flags other than units */
+	int			unit;			/* GUC_UNIT_* or 0 */
+	bool		preload_only;	/* defined only while being preloaded */
 
-	DefineCustomStringVariable("redis_lock.key_prefix",
-							   "Prepended to every lock name to form the Redis key.",
-							   NULL,
-							   &rl_key_prefix,
-							   "",
-							   PGC_SUSET,
-							   0,
-							   check_prefix, NULL, NULL);
+	bool	   *bool_var;
+	int		   *int_var;		/* also the variable of an enum */
+	char	  **string_var;
 
-	DefineCustomIntVariable("redis_lock.lease_time",
-							"Lease of locks acquired with ttl NULL; the watchdog renews it every third of it.",
-							NULL,
-							&rl_lease_time_ms,
-							30000, 100, (int) RL_MAX_MS,
-							PGC_USERSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
+	bool		bool_default;
+	int			int_default;	/* also the default of an enum */
+	int			int_min;
+	int			int_max;
+	const char *string_default;
+	const struct config_enum_entry *enum_options;
 
-	DefineCustomIntVariable("redis_lock.wait_timeout",
-							"How long an acquire waits when wait is NULL.",
-							NULL,
-							&rl_wait_timeout_ms,
-							10000, 0, (int) RL_MAX_MS,
-							PGC_USERSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
+	GucBoolCheckHook bool_check;
+	GucIntCheckHook int_check;
+	GucStringCheckHook string_check;
+	GucEnumCheckHook enum_check;
+	GucBoolAssignHook bool_assign;
+	GucIntAssignHook int_assign;
+	GucStringAssignHook string_assign;
+	GucEnumAssignHook enum_assign;
+	GucShowHook show_hook;
+} RLSettingDesc;
 
-	DefineCustomIntVariable("redis_lock.connect_timeout",
-							"How long to wait for a TCP connection to Redis.",
-							NULL,
-							&rl_connect_timeout_ms,
-							2000, 1, 3600000,
-							PGC_USERSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("redis_lock.command_timeout",
-							"A Redis reply later than this is treated as a connection failure.",
-							NULL,
-							&rl_command_timeout_ms,
-							2000, 1, 3600000,
-							PGC_USERSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomEnumVariable("redis_lock.protocol",
-							 "Layout of exclusive locks in Redis: simple (SET NX PX), redisson (RLock hash) or redisson_fair (RFairLock: first come, first served).",
-							 NULL,
-							 &rl_protocol,
-							 RL_PROTOCOL_SIMPLE,
-							 protocol_options,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
+/* Every redis_lock.* setting, in the order they are defined */
+static const RLSettingDesc rl_setting_descs[] = {
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.url",
+		.short_desc = "Redis server holding the locks, as redis://[user@]host:port/db.",
+		.string_var = &rl_url,
+		.string_default = "redis://127.0.0.1:6379/0",
+		.context = PGC_SUSET,
+		.string_check = check_url,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.password",
+		.short_desc = "Password sent with AUTH (with the URL's user, ACL AUTH).",
+		.string_var = &rl_password,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.flags = GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.key_prefix",
+		.short_desc = "Prepended to every lock name to form the Redis key.",
+		.string_var = &rl_key_prefix,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.string_check = check_prefix,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.lease_time",
+		.short_desc = "Lease of locks acquired with ttl NULL; the watchdog renews it every third of it.",
+		.int_var = &rl_lease_time_ms,
+		.int_default = 30000,
+		.int_min = 100,
+		.int_max = (int) RL_MAX_MS,
+		.context = PGC_USERSET,
+		.unit = GUC_UNIT_MS,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.wait_timeout",
+		.short_desc = "How long an acquire waits when wait is NULL.",
+		.int_var = &rl_wait_timeout_ms,
+		.int_default = 10000,
+		.int_min = 0,
+		.int_max = (int) RL_MAX_MS,
+		.context = PGC_USERSET,
+		.unit = GUC_UNIT_MS,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.connect_timeout",
+		.short_desc = "How long to wait for a TCP connection to Redis.",
+		.int_var = &rl_connect_timeout_ms,
+		.int_default = 2000,
+		.int_min = 1,
+		.int_max = 3600000,
+		.context = PGC_USERSET,
+		.unit = GUC_UNIT_MS,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.command_timeout",
+		.short_desc = "A Redis reply later than this is treated as a connection failure.",
+		.int_var = &rl_command_timeout_ms,
+		.int_default = 2000,
+		.int_min = 1,
+		.int_max = 3600000,
+		.context = PGC_USERSET,
+		.unit = GUC_UNIT_MS,
+	},
+	{
+		.kind = RL_SETTING_ENUM,
+		.name = "redis_lock.protocol",
+		.short_desc = "Layout of exclusive locks in Redis: simple (SET NX PX), redisson (RLock hash) or redisson_fair (RFairLock: first come, first served).",
+		.int_var = &rl_protocol,
+		.int_default = RL_PROTOCOL_SIMPLE,
+		.enum_options = protocol_options,
+		.context = PGC_USERSET,
+	},
 
 	/*
 	 * Superuser-only like redis_lock.url: whether Lua may be used is a fact
@@ -456,32 +508,30 @@ rl_define_settings(void)
 	 * lock keeps the form it was taken with (protocol.c), so changing it
 	 * needs no new connections.
 	 */
-	DefineCustomBoolVariable("redis_lock.scripting",
-							 "Use Lua scripts (EVALSHA) for locks; off: the simple layout without scripts, on servers that offer DELIFEQ (Valkey 9.0+) or DELEX (Redis 8.4+).",
-							 NULL,
-							 &rl_scripting,
-							 true,
-							 PGC_SUSET,
-							 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomBoolVariable("redis_lock.verify_on_commit",
-							 "Check with Redis before COMMIT that transaction-scoped locks are still held.",
-							 NULL,
-							 &rl_verify_on_commit,
-							 true,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomBoolVariable("redis_lock.session_locks",
-							 "Allow session-scoped Redis locks (off: only xact => true, for roles behind a transaction-pooling connection pooler).",
-							 NULL,
-							 &rl_session_locks,
-							 true,
-							 PGC_SUSET,
-							 0,
-							 NULL, NULL, NULL);
+	{
+		.kind = RL_SETTING_BOOL,
+		.name = "redis_lock.scripting",
+		.short_desc = "Use Lua scripts (EVALSHA) for locks; off: the simple layout without scripts, on servers that offer DELIFEQ (Valkey 9.0+) or DELEX (Redis 8.4+).",
+		.bool_var = &rl_scripting,
+		.bool_default = true,
+		.context = PGC_SUSET,
+	},
+	{
+		.kind = RL_SETTING_BOOL,
+		.name = "redis_lock.verify_on_commit",
+		.short_desc = "Check with Redis before COMMIT that transaction-scoped locks are still held.",
+		.bool_var = &rl_verify_on_commit,
+		.bool_default = true,
+		.context = PGC_USERSET,
+	},
+	{
+		.kind = RL_SETTING_BOOL,
+		.name = "redis_lock.session_locks",
+		.short_desc = "Allow session-scoped Redis locks (off: only xact => true, for roles behind a transaction-pooling connection pooler).",
+		.bool_var = &rl_session_locks,
+		.bool_default = true,
+		.context = PGC_SUSET,
+	},
 
 	/*
 	 * A postmaster setting can only exist when we are preloaded.
@@ -497,133 +547,205 @@ rl_define_settings(void)
 	 * been stopped for lease/3; more costs memory linearly and wants a
 	 * longer lease_time.
 	 */
-	if (process_shared_preload_libraries_in_progress)
-		DefineCustomIntVariable("redis_lock.max_locks",
-								"Capacity of the watchdog's shared registry of held locks (all backends).",
-								NULL,
-								&rl_max_locks,
-								1024, 16, 1000000,
-								PGC_POSTMASTER,
-								0,
-								NULL, NULL, NULL);
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.max_locks",
+		.short_desc = "Capacity of the watchdog's shared registry of held locks (all backends).",
+		.int_var = &rl_max_locks,
+		.int_default = 1024,
+		.int_min = 16,
+		.int_max = 1000000,
+		.context = PGC_POSTMASTER,
+		.preload_only = true,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.nodes",
+		.short_desc = "Comma-separated redis:// URLs of independent masters; when set, locks use Redlock.",
+		.string_var = &rl_nodes,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.string_check = check_nodes,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.sentinels",
+		.short_desc = "Comma-separated redis:// URLs of Sentinels; when set, the master is discovered through them.",
+		.string_var = &rl_sentinels,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.string_check = check_sentinels,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.sentinel_password",
+		.short_desc = "Password sent with AUTH to the Sentinels (the master uses redis_lock.password).",
+		.string_var = &rl_sentinel_password,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.flags = GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.node_timeout",
+		.short_desc = "Redlock: how long one master may take to answer one request.",
+		.int_var = &rl_node_timeout_ms,
+		.int_default = 100,
+		.int_min = 1,
+		.int_max = 60000,
+		.context = PGC_USERSET,
+		.unit = GUC_UNIT_MS,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.sentinel_master",
+		.short_desc = "Name of the master the Sentinels monitor.",
+		.string_var = &rl_sentinel_master,
+		.string_default = "mymaster",
+		.context = PGC_SUSET,
+		.string_check = check_master_name,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_BOOL,
+		.name = "redis_lock.cluster",
+		.short_desc = "Treat redis_lock.url as a seed node of a Redis Cluster.",
+		.bool_var = &rl_cluster,
+		.bool_default = false,
+		.context = PGC_SUSET,
+		.bool_assign = bump_generation_bool,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.wait_replicas",
+		.short_desc = "After acquiring, wait until this many replicas have the lock (WAIT).",
+		.int_var = &rl_wait_replicas,
+		.int_default = 0,
+		.int_min = 0,
+		.int_max = 16,
+		.context = PGC_USERSET,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.wait_replicas_timeout",
+		.short_desc = "How long WAIT may take after an acquire.",
+		.int_var = &rl_wait_replicas_timeout_ms,
+		.int_default = 100,
+		.int_min = 1,
+		.int_max = 60000,
+		.context = PGC_USERSET,
+		.unit = GUC_UNIT_MS,
+	},
+	{
+		.kind = RL_SETTING_BOOL,
+		.name = "redis_lock.sharded_pubsub",
+		.short_desc = "Use SPUBLISH/SSUBSCRIBE for wake-ups (Redisson clusters with sharded pub/sub).",
+		.bool_var = &rl_sharded_pubsub,
+		.bool_default = false,
+		.context = PGC_USERSET,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.tls_ca_file",
+		.short_desc = "PEM file of the CAs trusted for rediss:// servers; empty: the system's trust store.",
+		.string_var = &rl_tls_ca_file,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.flags = GUC_SUPERUSER_ONLY,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.tls_cert_file",
+		.short_desc = "Client certificate (PEM) for mutual TLS.",
+		.string_var = &rl_tls_cert_file,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.flags = GUC_SUPERUSER_ONLY,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.tls_key_file",
+		.short_desc = "Private key of the client certificate; refused when readable by group or others.",
+		.string_var = &rl_tls_key_file,
+		.string_default = "",
+		.context = PGC_SUSET,
+		.flags = GUC_SUPERUSER_ONLY,
+		.string_assign = bump_generation,
+	},
+	{
+		.kind = RL_SETTING_ENUM,
+		.name = "redis_lock.tls_verify",
+		.short_desc = "How rediss:// servers are verified: full (CA and host name), ca, or none.",
+		.int_var = &rl_tls_verify,
+		.int_default = RL_TLS_VERIFY_FULL,
+		.enum_options = tls_verify_options,
+		.context = PGC_SUSET,
+		.flags = GUC_SUPERUSER_ONLY,
+		.enum_assign = bump_generation_enum,
+	},
+};
 
-	DefineCustomStringVariable("redis_lock.nodes",
-							   "Comma-separated redis:// URLs of independent masters; when set, locks use Redlock.",
-							   NULL,
-							   &rl_nodes,
-							   "",
-							   PGC_SUSET,
-							   0,
-							   check_nodes, bump_generation, NULL);
+/* Hand one descriptor to PostgreSQL */
+static void
+define_setting(const RLSettingDesc *s)
+{
+	int			flags = s->flags | s->unit;
 
-	DefineCustomStringVariable("redis_lock.sentinels",
-							   "Comma-separated redis:// URLs of Sentinels; when set, the master is discovered through them.",
-							   NULL,
-							   &rl_sentinels,
-							   "",
-							   PGC_SUSET,
-							   0,
-							   check_sentinels, bump_generation, NULL);
+	switch (s->kind)
+	{
+		case RL_SETTING_BOOL:
+			DefineCustomBoolVariable(s->name, s->short_desc, s->long_desc,
+									 s->bool_var, s->bool_default,
+									 s->context, flags,
+									 s->bool_check, s->bool_assign,
+									 s->show_hook);
+			break;
+		case RL_SETTING_INT:
+			DefineCustomIntVariable(s->name, s->short_desc, s->long_desc,
+									s->int_var, s->int_default,
+									s->int_min, s->int_max,
+									s->context, flags,
+									s->int_check, s->int_assign,
+									s->show_hook);
+			break;
+		case RL_SETTING_STRING:
+			DefineCustomStringVariable(s->name, s->short_desc, s->long_desc,
+									   s->string_var, s->string_default,
+									   s->context, flags,
+									   s->string_check, s->string_assign,
+									   s->show_hook);
+			break;
+		case RL_SETTING_ENUM:
+			DefineCustomEnumVariable(s->name, s->short_desc, s->long_desc,
+									 s->int_var, s->int_default,
+									 s->enum_options,
+									 s->context, flags,
+									 s->enum_check, s->enum_assign,
+									 s->show_hook);
+			break;
+	}
+}
 
-	DefineCustomStringVariable("redis_lock.sentinel_password",
-							   "Password sent with AUTH to the Sentinels (the master uses redis_lock.password).",
-							   NULL,
-							   &rl_sentinel_password,
-							   "",
-							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
-							   NULL, bump_generation, NULL);
+/*
+ * Define every redis_lock.* setting and reserve the prefix; called once from
+ * _PG_init.
+ */
+void
+rl_define_settings(void)
+{
+	for (size_t i = 0; i < lengthof(rl_setting_descs); i++)
+	{
+		const RLSettingDesc *s = &rl_setting_descs[i];
 
-	DefineCustomIntVariable("redis_lock.node_timeout",
-							"Redlock: how long one master may take to answer one request.",
-							NULL,
-							&rl_node_timeout_ms,
-							100, 1, 60000,
-							PGC_USERSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomStringVariable("redis_lock.sentinel_master",
-							   "Name of the master the Sentinels monitor.",
-							   NULL,
-							   &rl_sentinel_master,
-							   "mymaster",
-							   PGC_SUSET,
-							   0,
-							   check_master_name, bump_generation, NULL);
-
-	DefineCustomBoolVariable("redis_lock.cluster",
-							 "Treat redis_lock.url as a seed node of a Redis Cluster.",
-							 NULL,
-							 &rl_cluster,
-							 false,
-							 PGC_SUSET,
-							 0,
-							 NULL, bump_generation_bool, NULL);
-
-	DefineCustomIntVariable("redis_lock.wait_replicas",
-							"After acquiring, wait until this many replicas have the lock (WAIT).",
-							NULL,
-							&rl_wait_replicas,
-							0, 0, 16,
-							PGC_USERSET,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("redis_lock.wait_replicas_timeout",
-							"How long WAIT may take after an acquire.",
-							NULL,
-							&rl_wait_replicas_timeout_ms,
-							100, 1, 60000,
-							PGC_USERSET,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
-	DefineCustomBoolVariable("redis_lock.sharded_pubsub",
-							 "Use SPUBLISH/SSUBSCRIBE for wake-ups (Redisson clusters with sharded pub/sub).",
-							 NULL,
-							 &rl_sharded_pubsub,
-							 false,
-							 PGC_USERSET,
-							 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomStringVariable("redis_lock.tls_ca_file",
-							   "PEM file of the CAs trusted for rediss:// servers; empty: the system's trust store.",
-							   NULL,
-							   &rl_tls_ca_file,
-							   "",
-							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY,
-							   NULL, bump_generation, NULL);
-
-	DefineCustomStringVariable("redis_lock.tls_cert_file",
-							   "Client certificate (PEM) for mutual TLS.",
-							   NULL,
-							   &rl_tls_cert_file,
-							   "",
-							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY,
-							   NULL, bump_generation, NULL);
-
-	DefineCustomStringVariable("redis_lock.tls_key_file",
-							   "Private key of the client certificate; refused when readable by group or others.",
-							   NULL,
-							   &rl_tls_key_file,
-							   "",
-							   PGC_SUSET,
-							   GUC_SUPERUSER_ONLY,
-							   NULL, bump_generation, NULL);
-
-	DefineCustomEnumVariable("redis_lock.tls_verify",
-							 "How rediss:// servers are verified: full (CA and host name), ca, or none.",
-							 NULL,
-							 &rl_tls_verify,
-							 RL_TLS_VERIFY_FULL,
-							 tls_verify_options,
-							 PGC_SUSET,
-							 GUC_SUPERUSER_ONLY,
-							 NULL, bump_generation_enum, NULL);
+		if (s->preload_only && !process_shared_preload_libraries_in_progress)
+			continue;
+		define_setting(s);
+	}
 
 #if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("redis_lock");

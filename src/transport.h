@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * transport.h
- *	  Connections to Redis servers, round trips and pub/sub (transport.c).
+ *	  Connections to Redis servers, round trips and pub/sub (connection.c,
+ *	  transport.c, owed.c, pubsub.c).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -123,7 +124,7 @@ extern char *rl_call_problem(const RLCall *call);
 pg_noreturn extern void rl_raise_call_error(RLCall *call);
 extern void rl_close_all(void);
 
-/* calls sent without waiting for their replies (transport.c) */
+/* calls sent without waiting for their replies (owed.c) */
 extern MemoryContext rl_owed_context(void);
 extern int	rl_owed_count(void);
 extern void rl_owed_reset(void);

@@ -1,20 +1,21 @@
 /*-------------------------------------------------------------------------
  *
  * watchdog.c
- *	  Owns the shared-memory registry of every backend's Redis locks and the
- *	  background worker that renews watchdog leases and releases what exited
- *	  backends left behind.
+ *	  Owns the background worker that renews watchdog leases and releases
+ *	  what exited backends left behind, working from the shared registry
+ *	  (registry.c), and its registration at _PG_init.
  *
- *	  All of it exists only with shared_preload_libraries = 'redis_lock';
- *	  otherwise every function here is a cheap no-op.  Backends write only
- *	  their own slots; the worker only marks slots renewed or lost and frees
- *	  orphans, always checking the slot's generation so a result never lands
- *	  on a reused slot.  The worker talks to Redis only through lockop.c
+ *	  It exists only with shared_preload_libraries = 'redis_lock'.  The
+ *	  worker only marks slots renewed or lost and frees orphans, always
+ *	  checking the slot's generation so a result never lands on a reused
+ *	  slot.  The worker talks to Redis only through lockop.c
  *	  (compare-and-PEXPIRE, compare-and-delete), so it can never re-create a
  *	  lock that vanished.
  *
- *	  Must not: touch a backend's local lock table, or raise ERROR in the
- *	  worker's loop for a Redis failure (those are retried next cycle).
+ *	  Must not: touch a backend's local lock table, allocate registry slots
+ *	  or targets (registry.c owns the layout and the free list), or raise
+ *	  ERROR in the worker's loop for a Redis failure (those are retried next
+ *	  cycle).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -23,166 +24,22 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "watchdog.h"
+#include "registry_int.h"
 
-#include "common/hashfn.h"
 #include "miscadmin.h"
 #include "pgstat.h"
-#include "port/atomics.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
-#include "storage/latch.h"
-#include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/procarray.h"
-#include "storage/shmem.h"
 #include "tcop/tcopprot.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/ps_status.h"
 
-#define RL_MAX_TARGETS		32
-#define RL_TARGET_SPEC_LEN	1024
-#define RL_SECRET_LEN		256
-
-typedef enum RLSlotState
-{
-	SLOT_FREE,
-	SLOT_RESERVED,				/* acquire in flight: outcome not known yet */
-	SLOT_HELD,
-	SLOT_ORPHAN					/* the worker releases it: its owner exited
-								 * without releasing it, or handed it over as
-								 * a doubt (rl_registry_hand_off) */
-} RLSlotState;
-
-/*
- * One held lock.  The lock's name is not stored apart: the Redis key is
- * always key_prefix + name (rl_names_build), so the name is the key's tail
- * from name_off on.  That keeps a slot at about 0.9 kB instead of 1.4 kB;
- * shared memory is sized for max_locks of them (see settings.c).
- */
-typedef struct RLSlot
-{
-	uint32		generation;		/* bumped at every allocation and free */
-	RLSlotState state;
-	int			target;			/* index into RLShared.targets */
-	uint16		name_off;		/* the name starts at key + name_off */
-	bool		in_flight;		/* the worker has a command for it under way */
-	bool		late_grant;		/* orphan: an acquire whose reply was lost may
-								 * still be run by Redis */
-	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
-								 * late grant (0: last renewal + lease) */
-	int64		renew_every_ms; /* renewal period when another client cuts
-								 * the lease short (0: lease/3) */
-	RLLockState st;
-	char		key[RL_MAX_KEY_LEN + 1];
-	char		owner[RL_OWNER_LEN + 1];
-} RLSlot;
-
-StaticAssertDecl(RL_MAX_PREFIX_LEN <= PG_UINT16_MAX,
-				 "RLSlot.name_off must hold any key prefix length");
-
-/*
- * Where and with which passwords the locks of some slots live.  An entry is
- * in use while slots point at it (refs > 0); the worker connects with the
- * passwords the acquiring backend used, wherever it set them.
- */
-typedef struct RLSharedTarget
-{
-	int			refs;
-	char		spec[RL_TARGET_SPEC_LEN];
-	char		password[RL_SECRET_LEN];
-	char		sentinel_password[RL_SECRET_LEN];
-} RLSharedTarget;
-
-typedef struct RLShared
-{
-	LWLock	   *lock;
-	Latch	   *worker_latch;
-	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
-	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
-	pg_atomic_uint64 worker_wakes_at;	/* TimestampTz the worker sleeps until */
-	RLSharedTarget targets[RL_MAX_TARGETS];
-	int			nslots;
-	int			nfree;
-	RLSlot		slots[FLEXIBLE_ARRAY_MEMBER];
-	/* followed by int freelist[nslots] */
-} RLShared;
-
-static RLShared *shared = NULL;
-static int *freelist = NULL;
-static int	registry_capacity = 0;
-
-#if PG_VERSION_NUM >= 150000
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
 PGDLLEXPORT void rl_watchdog_main(Datum arg);
-
-/* ----------------------------------------------------------------
- * Shared memory
- * ----------------------------------------------------------------
- */
-static Size
-shared_size(void)
-{
-	Size		sz = offsetof(RLShared, slots);
-
-	sz = add_size(sz, mul_size(registry_capacity, sizeof(RLSlot)));
-	sz = add_size(sz, mul_size(registry_capacity, sizeof(int)));
-	return sz;
-}
-
-/* shmem_request_hook: room for the registry and its LWLock */
-static void
-redis_lock_registry_shmem_request(void)
-{
-#if PG_VERSION_NUM >= 150000
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-#endif
-	RequestAddinShmemSpace(shared_size());
-	RequestNamedLWLockTranche("redis_lock", 1);
-}
-
-/* shmem_startup_hook: create (empty) or attach the registry */
-static void
-redis_lock_registry_shmem_startup(void)
-{
-	bool		found;
-	int			i;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	shared = ShmemInitStruct("redis_lock registry", shared_size(), &found);
-	freelist = (int *) &shared->slots[registry_capacity];
-	if (!found)
-	{
-		/* a fresh start, also after a crash: nothing is resurrected */
-		memset(shared, 0, shared_size());
-		shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
-		pg_atomic_init_u32(&shared->lost_events, 0);
-		pg_atomic_init_u32(&shared->settled_events, 0);
-		pg_atomic_init_u64(&shared->worker_wakes_at, 0);
-		shared->nslots = registry_capacity;
-		shared->nfree = registry_capacity;
-		for (i = 0; i < registry_capacity; i++)
-			freelist[i] = registry_capacity - 1 - i;
-	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Is the shared registry there (loaded through shared_preload_libraries)? */
-bool
-rl_watchdog_enabled(void)
-{
-	return shared != NULL;
-}
 
 /* Called from _PG_init: hooks and the worker, only when preloading */
 void
@@ -192,16 +49,7 @@ rl_watchdog_init(void)
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;
-	registry_capacity = rl_max_locks;
-
-#if PG_VERSION_NUM >= 150000
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = redis_lock_registry_shmem_request;
-#else
-	redis_lock_registry_shmem_request();
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = redis_lock_registry_shmem_startup;
+	rl_registry_init();
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
@@ -212,490 +60,6 @@ rl_watchdog_init(void)
 	snprintf(worker.bgw_name, BGW_MAXLEN, "redis_lock watchdog");
 	snprintf(worker.bgw_type, BGW_MAXLEN, "redis_lock watchdog");
 	RegisterBackgroundWorker(&worker);
-}
-
-/* ----------------------------------------------------------------
- * Registry, backend side
- * ----------------------------------------------------------------
- */
-
-static const char *
-or_empty(const char *s)
-{
-	return s ? s : "";
-}
-
-#define TARGET_TABLE_FULL	(-1)
-#define TARGET_TOO_LONG		(-2)
-
-/*
- * Index of the entry for the target and the current passwords, taking a
- * reference to it; TARGET_TABLE_FULL or TARGET_TOO_LONG when there is none.
- * The caller holds the lock exclusively.
- */
-static int
-target_ref(RLTarget *t)
-{
-	const char *pw = or_empty(rl_password);
-	const char *spw = or_empty(rl_sentinel_password);
-	int			free_idx = -1;
-	int			i;
-
-	if (strlen(t->spec) >= RL_TARGET_SPEC_LEN || strlen(pw) >= RL_SECRET_LEN ||
-		strlen(spw) >= RL_SECRET_LEN)
-		return TARGET_TOO_LONG;
-	for (i = 0; i < RL_MAX_TARGETS; i++)
-	{
-		RLSharedTarget *st = &shared->targets[i];
-
-		if (st->refs == 0)
-		{
-			if (free_idx < 0)
-				free_idx = i;
-			continue;
-		}
-		if (strcmp(st->spec, t->spec) == 0 && strcmp(st->password, pw) == 0 &&
-			strcmp(st->sentinel_password, spw) == 0)
-		{
-			st->refs++;
-			return i;
-		}
-	}
-	if (free_idx >= 0)
-	{
-		RLSharedTarget *st = &shared->targets[free_idx];
-
-		strlcpy(st->spec, t->spec, RL_TARGET_SPEC_LEN);
-		strlcpy(st->password, pw, RL_SECRET_LEN);
-		strlcpy(st->sentinel_password, spw, RL_SECRET_LEN);
-		st->refs = 1;
-	}
-	return free_idx >= 0 ? free_idx : TARGET_TABLE_FULL;
-}
-
-/* Free a slot and drop its target reference; caller holds the lock */
-static void
-slot_free(int idx)
-{
-	RLSlot	   *s = &shared->slots[idx];
-	RLSharedTarget *st = &shared->targets[s->target];
-
-	if (s->state == SLOT_ORPHAN)
-		pg_atomic_fetch_add_u32(&shared->settled_events, 1);
-	s->generation++;
-	s->state = SLOT_FREE;
-	s->st.pid = 0;
-	if (--st->refs == 0)
-	{
-		explicit_bzero(st->password, RL_SECRET_LEN);
-		explicit_bzero(st->sentinel_password, RL_SECRET_LEN);
-	}
-	freelist[shared->nfree++] = idx;
-}
-
-static void
-wake_worker(void)
-{
-	Latch	   *latch = shared->worker_latch;
-
-	if (latch != NULL)
-		SetLatch(latch);
-}
-
-/*
- * Reserve a slot for a lock about to be acquired.  Capacity is checked
- * before Redis is asked, so a full registry is an error with nothing taken.
- */
-int
-rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
-				int64 lease_ms)
-{
-	RLSlot	   *s;
-	int			idx;
-	int			tidx;
-	int			nfree;
-	size_t		keylen = strlen(names->key);
-	size_t		namelen = strlen(name);
-
-	if (shared == NULL)
-		return -1;
-	/* the key is prefix + name; the slot keeps the key and where name starts */
-	Assert(keylen >= namelen && keylen - namelen <= RL_MAX_PREFIX_LEN &&
-		   strcmp(names->key + keylen - namelen, name) == 0);
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	nfree = shared->nfree;
-	tidx = nfree > 0 ? target_ref(target) : TARGET_TABLE_FULL;
-	if (nfree == 0 || tidx < 0)
-	{
-		LWLockRelease(shared->lock);
-		if (nfree == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("too many Redis locks held"),
-					 errdetail("All backends together hold redis_lock.max_locks = %d locks.",
-							   shared->nslots),
-					 errhint("Release locks, or raise redis_lock.max_locks (takes effect at server restart).")));
-		if (tidx == TARGET_TOO_LONG)
-			ereport(ERROR,
-					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("Redis location or password too long for the watchdog"),
-					 errdetail("The watchdog keeps redis_lock.url / nodes / sentinels of at most %d bytes and passwords of at most %d bytes.",
-							   RL_TARGET_SPEC_LEN - 1, RL_SECRET_LEN - 1)));
-		ereport(ERROR,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("too many different Redis targets for the watchdog"),
-				 errdetail("At most %d distinct combinations of redis_lock.url / nodes / sentinels and passwords can hold locks at once.",
-						   RL_MAX_TARGETS)));
-	}
-	idx = freelist[--shared->nfree];
-	s = &shared->slots[idx];
-	s->generation++;
-	s->state = SLOT_RESERVED;
-	s->in_flight = false;
-	s->late_grant = false;
-	s->horizon = 0;
-	s->renew_every_ms = 0;
-	s->st.pid = MyProcPid;
-	s->st.dbid = MyDatabaseId;
-	s->target = tidx;
-	s->st.protocol = names->protocol;
-	s->st.script_free = names->script_free;
-	s->st.watchdog = false;
-	s->st.lost = false;
-	s->st.session_holds = s->st.xact_holds = 0;
-	s->st.fence = 0;
-	s->st.lease_ms = lease_ms;
-	s->st.acquired_at = s->st.last_renewed_at = GetCurrentTimestamp();
-	strlcpy(s->key, names->key, sizeof(s->key));
-	s->name_off = (uint16) (keylen - namelen);
-	strlcpy(s->owner, names->owner, sizeof(s->owner));
-	LWLockRelease(shared->lock);
-	return idx;
-}
-
-/*
- * Copy a lock's state (holds, fence, lease, watchdog, lost, acquired_at) and
- * owner to its slot.  refreshed: the backend just restarted the lease in
- * Redis itself, so renewal restarts from now.
- */
-void
-rl_registry_update(int slot, const RLLockState *st, const char *owner,
-				   bool refreshed)
-{
-	RLSlot	   *s;
-	int			holds = st->session_holds + st->xact_holds;
-	bool		wake;
-
-	if (shared == NULL || slot < 0)
-		return;
-	s = &shared->slots[slot];
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	if (s->state == SLOT_RESERVED && holds > 0)
-		s->st.acquired_at = st->acquired_at;
-	/* a renewal or loss the worker found for the old holds lands nowhere */
-	if (s->state == SLOT_HELD && holds == 0)
-		s->generation++;
-
-	/*
-	 * Nor is a renewal the worker took out under the old lease sent or
-	 * applied once the lock leaves the watchdog or changes its lease: the
-	 * compare-and-PEXPIRE would put the old lease back over the new one.
-	 */
-	else if (s->state == SLOT_HELD && s->st.watchdog &&
-			 (!st->watchdog || s->st.lease_ms != st->lease_ms))
-		s->generation++;
-	s->state = holds > 0 ? SLOT_HELD : SLOT_RESERVED;
-	s->st.watchdog = st->watchdog;
-	s->st.lost = s->st.lost || st->lost;
-	s->st.session_holds = st->session_holds;
-	s->st.xact_holds = st->xact_holds;
-	s->st.fence = st->fence;
-	s->st.lease_ms = st->lease_ms;
-	strlcpy(s->owner, owner, sizeof(s->owner));
-	if (refreshed)
-		s->st.last_renewed_at = GetCurrentTimestamp();
-	wake = s->st.watchdog && holds > 0 &&
-		TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 6) <
-		(TimestampTz) pg_atomic_read_u64(&shared->worker_wakes_at);
-	LWLockRelease(shared->lock);
-
-	/*
-	 * The worker may renew a lock from lease/6 after its last renewal on;
-	 * if it sleeps past that (it planned without this lock, for up to a
-	 * second), wake it to plan again.  Rare: once awake, it sleeps no
-	 * longer than the next lock due.
-	 */
-	if (wake)
-		wake_worker();
-}
-
-/* Free this backend's registry slot (no-op without a registry or slot) */
-void
-rl_registry_remove(int slot)
-{
-	if (shared == NULL || slot < 0)
-		return;
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	slot_free(slot);
-	LWLockRelease(shared->lock);
-}
-
-/*
- * The worker takes over the release of this slot's lock: its backend exits
- * without having released it, or gave up on a grant or release whose
- * outcome it could not learn (a doubt).  Nothing of it can exist in Redis
- * after horizon, unless late_grant: an acquire that may still be run by a
- * Redis that did not answer, which the worker keeps deleting until that
- * Redis has answered after the horizon.  Returns the slot's generation, by
- * which its backend can take it back (rl_registry_reclaim).
- */
-uint32
-rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant)
-{
-	RLSlot	   *s;
-	uint32		generation;
-
-	if (shared == NULL || slot < 0)
-		return 0;
-	s = &shared->slots[slot];
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	s->generation++;			/* a renewal under way lands nowhere */
-	s->state = SLOT_ORPHAN;
-	s->st.watchdog = false;
-	s->st.session_holds = s->st.xact_holds = 0;
-	s->horizon = horizon;
-	s->late_grant = late_grant;
-	generation = s->generation;
-	LWLockRelease(shared->lock);
-	wake_worker();
-	return generation;
-}
-
-/*
- * Wait until the worker has no command for slot under way (it sends at most
- * a command_timeout's worth).  Caller holds the registry lock exclusively;
- * returns with it held.  Cancel and terminate end the wait.
- */
-static void
-wait_out_worker(RLSlot *s)
-{
-	while (s->in_flight)
-	{
-		LWLockRelease(shared->lock);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 2, rl_wait_event(RL_WAIT_REPLY));
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	}
-}
-
-/*
- * Take back a slot handed to the worker, before acting on its lock again
- * (the same owner would otherwise race the worker's release).  Returns
- * false when the worker has settled it already (the slot is no longer
- * ours); true when it is ours again, reserved, with no command of the
- * worker's under way.
- */
-bool
-rl_registry_reclaim(int slot, uint32 generation)
-{
-	RLSlot	   *s;
-	bool		ours;
-
-	if (shared == NULL || slot < 0)
-		return false;
-	s = &shared->slots[slot];
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	/* a release under way may settle it: see what it did first */
-	if (s->generation == generation && s->state == SLOT_ORPHAN)
-		wait_out_worker(s);
-	ours = s->generation == generation && s->state == SLOT_ORPHAN;
-	if (ours)
-	{
-		s->generation++;
-		s->state = SLOT_RESERVED;
-		s->late_grant = false;
-		s->horizon = 0;
-	}
-	LWLockRelease(shared->lock);
-	return ours;
-}
-
-/* Is this slot still with the worker, as handed over with generation? */
-bool
-rl_registry_handed(int slot, uint32 generation)
-{
-	if (shared == NULL || slot < 0)
-		return false;
-	pg_read_barrier();
-	return shared->slots[slot].generation == generation &&
-		shared->slots[slot].state == SLOT_ORPHAN;
-}
-
-/* Changes whenever the worker frees an orphan */
-uint32
-rl_registry_settled_events(void)
-{
-	return shared != NULL ? pg_atomic_read_u32(&shared->settled_events) : 0;
-}
-
-/*
- * Wait until no renewal of slot taken out by the worker is under way: one
- * sent with an older lease would land after what the caller sends next.
- * Call after the slot moved to a new generation, so that none is sent anew.
- */
-void
-rl_registry_wait_idle(int slot)
-{
-	if (shared == NULL || slot < 0)
-		return;
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	wait_out_worker(&shared->slots[slot]);
-	LWLockRelease(shared->lock);
-}
-
-/* Has the worker found this lock lost?  Only our own slot: no lock needed */
-bool
-rl_registry_lost(int slot)
-{
-	if (shared == NULL || slot < 0)
-		return false;
-	pg_read_barrier();
-	return shared->slots[slot].st.lost;
-}
-
-/* Changes whenever the worker marks any lock lost */
-uint32
-rl_registry_lost_events(void)
-{
-	return shared != NULL ? pg_atomic_read_u32(&shared->lost_events) : 0;
-}
-
-/*
- * Every registered lock of every backend, for the redis_lock_locks view.
- * Returns false without preload.
- */
-bool
-rl_registry_snapshot(RLLockInfo **out, int *n)
-{
-	int			i;
-	int			k = 0;
-
-	*out = NULL;
-	*n = 0;
-	if (shared == NULL)
-		return false;
-	*out = palloc(sizeof(RLLockInfo) * Max(shared->nslots, 1));
-	LWLockAcquire(shared->lock, LW_SHARED);
-	for (i = 0; i < shared->nslots; i++)
-	{
-		RLSlot	   *s = &shared->slots[i];
-		RLLockInfo *o;
-
-		if (s->state != SLOT_HELD)
-			continue;
-		o = &(*out)[k++];
-		o->st = s->st;
-		o->name = pstrdup(s->key + s->name_off);
-		o->key = pstrdup(s->key);
-	}
-	LWLockRelease(shared->lock);
-	*n = k;
-	return true;
-}
-
-/*
- * The identity of a lock for deadlock detection (deadlock.c): where it
- * lives and its key, hashed.  Equal for every mode of a name (a read-write
- * lock's read and write holds share the key).
- */
-uint64
-rl_registry_key_id(const char *target_spec, const char *key)
-{
-	uint64		h;
-
-	h = hash_bytes_extended((const unsigned char *) target_spec,
-							(int) strlen(target_spec), 0);
-	h = hash_bytes_extended((const unsigned char *) key, (int) strlen(key), h);
-	return h != 0 ? h : 1;
-}
-
-static int
-key_id_cmp(const void *a, const void *b)
-{
-	uint64		x = *(const uint64 *) a;
-	uint64		y = *(const uint64 *) b;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
-static int
-pid_cmp(const void *a, const void *b)
-{
-	int			x = *(const int *) a;
-	int			y = *(const int *) b;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
-/*
- * The holds in this server of the locks whose rl_registry_key_id() is one of
- * ids (nids of them, sorted ascending), by the backends in pids (npids of
- * them, sorted ascending; all backends when pids is NULL): slots held with
- * holds > 0, not found lost, whose lease has not run out since it was last
- * restarted (a fixed lease of a holder that is stuck may have expired in
- * Redis).  Fills at most cap entries of out, in the registry's order, and
- * returns how many there are: when that is more than cap, call again with
- * more room.  One pass over the registry under its lock (shared), hashing
- * the key of each held slot of those backends; nothing is allocated while
- * the lock is held.
- */
-int
-rl_registry_holders(const uint64 *ids, int nids, const int *pids, int npids,
-					RLRegistryHold *out, int cap)
-{
-	uint64		seeds[RL_MAX_TARGETS];
-	TimestampTz now = GetCurrentTimestamp();
-	int			n = 0;
-	int			i;
-
-	if (shared == NULL || nids <= 0)
-		return 0;
-	LWLockAcquire(shared->lock, LW_SHARED);
-	/* the key of a slot hashes on from the hash of its target's spec */
-	for (i = 0; i < RL_MAX_TARGETS; i++)
-		seeds[i] = shared->targets[i].refs > 0 ?
-			hash_bytes_extended((const unsigned char *) shared->targets[i].spec,
-								(int) strlen(shared->targets[i].spec), 0) : 0;
-	for (i = 0; i < shared->nslots; i++)
-	{
-		RLSlot	   *s = &shared->slots[i];
-		uint64		id;
-
-		if (s->state != SLOT_HELD ||
-			(pids != NULL &&
-			 bsearch(&s->st.pid, pids, npids, sizeof(int), pid_cmp) == NULL) ||
-			s->st.lost || s->st.session_holds + s->st.xact_holds <= 0 ||
-			now > TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms))
-			continue;
-		id = hash_bytes_extended((const unsigned char *) s->key,
-								 (int) strlen(s->key), seeds[s->target]);
-		if (id == 0)
-			id = 1;
-		if (bsearch(&id, ids, nids, sizeof(uint64), key_id_cmp) == NULL)
-			continue;
-		if (n < cap)
-		{
-			out[n].key_id = id;
-			out[n].pid = s->st.pid;
-			out[n].protocol = s->st.protocol;
-			strlcpy(out[n].name, s->key + s->name_off, sizeof(out[n].name));
-		}
-		n++;
-	}
-	LWLockRelease(shared->lock);
-	return n;
 }
 
 /* ----------------------------------------------------------------
@@ -955,10 +319,10 @@ redis_lock_worker_on_shmem_exit(int code, Datum arg)
 {
 	/* a FATAL (out of memory) may have come while the registry was locked */
 	LWLockReleaseAll();
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	if (shared->worker_latch == MyLatch)
-		shared->worker_latch = NULL;
-	LWLockRelease(shared->lock);
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	if (rl_shared->worker_latch == MyLatch)
+		rl_shared->worker_latch = NULL;
+	LWLockRelease(rl_shared->lock);
 }
 
 /*
@@ -982,7 +346,6 @@ backend_alive(HTAB *alive, int pid)
 		e->alive = BackendPidGetProc(pid) != NULL;
 	return e->alive;
 }
-
 
 /* What went wrong with a failed op, for the watchdog's LOG line */
 static char *
@@ -1083,34 +446,21 @@ note_cut_lease(RLSlot *s, Job *j, RLLockOp *op, TimestampTz sent)
 }
 
 /*
- * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
- * passwords the backends used, then apply the results unless the slot
- * changed hands meanwhile.  A renewed lock counts as renewed when the round
- * was sent: Redis restarted its lease no earlier than that.  Returns how
- * many ops failed; *problem gets (in problem_cxt) what went wrong with the
- * first failed op, if it has nothing yet.
+ * Up to a cycle has passed since the jobs were taken: a slot whose
+ * generation moved on meanwhile (released, handed to another lock, out of
+ * the watchdog or given another lease) is not sent.  The others are marked
+ * in flight and kept at the front of jobs; returns how many.
  */
 static int
-run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
-		  PassStats *ps, char **problem, MemoryContext problem_cxt)
+mark_jobs_in_flight(Job *jobs, int n)
 {
-	RLLockOp   *ops;
-	RLLockNames *names;
-	int			nfailed = 0;
-	TimestampTz sent;
-	TimestampTz now;
 	int			k;
 	int			m = 0;
 
-	/*
-	 * Up to a cycle has passed since the jobs were taken: a slot whose
-	 * generation moved on meanwhile (released, handed to another lock, out
-	 * of the watchdog or given another lease) is not sent.
-	 */
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
-		RLSlot	   *s = &shared->slots[jobs[k].slot];
+		RLSlot	   *s = &rl_shared->slots[jobs[k].slot];
 
 		if (s->generation == jobs[k].generation && s->state != SLOT_FREE)
 		{
@@ -1119,13 +469,18 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 			jobs[m++] = jobs[k];
 		}
 	}
-	LWLockRelease(shared->lock);
-	n = m;
-	if (n == 0)
-		return 0;
+	LWLockRelease(rl_shared->lock);
+	return m;
+}
 
-	ops = palloc0(sizeof(RLLockOp) * n);
-	names = palloc0(sizeof(RLLockNames) * n);
+/* The ops of a round, one per job, on target t */
+static RLLockOp *
+build_round_ops(Job *jobs, int n, RLTarget *t)
+{
+	RLLockOp   *ops = palloc0(sizeof(RLLockOp) * n);
+	RLLockNames *names = palloc0(sizeof(RLLockNames) * n);
+	int			k;
+
 	for (k = 0; k < n; k++)
 	{
 		Job		   *j = &jobs[k];
@@ -1139,19 +494,76 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		ops[k].names = &names[k];
 		ops[k].lease_ms = j->lease_ms;
 	}
-	rl_use_credentials(target->password[0] ? target->password : NULL,
-					   target->sentinel_password[0] ? target->sentinel_password : NULL);
-	sent = GetCurrentTimestamp();
-	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
-	rl_use_settings_credentials();
-	ps->rounds++;
+	return ops;
+}
 
-	now = GetCurrentTimestamp();
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+/*
+ * Apply a renewal's outcome f (1 renewed, 0 not ours, -1 unknown) sent at
+ * sent.  Caller holds the registry's lock.
+ */
+static void
+apply_renewal(Job *j, RLSlot *s, RLLockOp *op, int f, TimestampTz sent,
+			  PassStats *ps)
+{
+	/* released meanwhile (perhaps with its outcome unknown) */
+	if (s->state != SLOT_HELD)
+		return;
+	if (f == 1)
+	{
+		note_cut_lease(s, j, op, sent);
+		s->st.last_renewed_at = sent;
+		rl_stats_add(RL_STAT_RENEWALS, 1);
+		ps->renewed++;
+		/* late: a retry was late already, and is logged as failing */
+		if (sent > j->due && !j->retry)
+		{
+			ps->late++;
+			ps->late_ms = Max(ps->late_ms, (long) ((sent - j->due) / 1000));
+		}
+	}
+	else if (f == 0)
+	{
+		/* token gone or changed: lost for good, never renewed again */
+		s->st.lost = true;
+		rl_stats_add(RL_STAT_LOST, 1);
+		pg_atomic_fetch_add_u32(&rl_shared->lost_events, 1);
+	}
+}
+
+/* Apply a release's outcome f.  Caller holds the registry's lock. */
+static void
+apply_release(Job *j, RLLockOp *op, int f, TimestampTz now, PassStats *ps)
+{
+	if (release_done(j, op, f, now))
+	{
+		/* released, or surely expired: the slot is free again */
+		if (f == 1)
+			rl_stats_add(RL_STAT_RELEASED, 1);
+		ps->released++;
+		rl_slot_free(j->slot);
+	}
+	else if (f >= 0)
+		watch_again(j, now);
+}
+
+/*
+ * Apply the outcomes of a round sent at sent, unless the slot changed hands
+ * meanwhile.  Returns how many ops failed; *problem gets (in problem_cxt)
+ * what went wrong with the first failed op, if it has nothing yet.
+ */
+static int
+apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
+			char **problem, MemoryContext problem_cxt)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			nfailed = 0;
+	int			k;
+
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
 		Job		   *j = &jobs[k];
-		RLSlot	   *s = &shared->slots[j->slot];
+		RLSlot	   *s = &rl_shared->slots[j->slot];
 		RLLockOp   *op = &ops[k];
 		int			f = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : -1;
 
@@ -1175,44 +587,42 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 		if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
 			note_outcome(j, f < 0, now);
 		if (j->kind == JOB_RENEW)
-		{
-			/* released meanwhile (perhaps with its outcome unknown) */
-			if (s->state != SLOT_HELD)
-				continue;
-			if (f == 1)
-			{
-				note_cut_lease(s, j, op, sent);
-				s->st.last_renewed_at = sent;
-				rl_stats_add(RL_STAT_RENEWALS, 1);
-				ps->renewed++;
-				/* late: a retry was late already, and is logged as failing */
-				if (sent > j->due && !j->retry)
-				{
-					ps->late++;
-					ps->late_ms = Max(ps->late_ms, (long) ((sent - j->due) / 1000));
-				}
-			}
-			else if (f == 0)
-			{
-				/* token gone or changed: lost for good, never renewed again */
-				s->st.lost = true;
-				rl_stats_add(RL_STAT_LOST, 1);
-				pg_atomic_fetch_add_u32(&shared->lost_events, 1);
-			}
-		}
-		else if (release_done(j, op, f, now))
-		{
-			/* released, or surely expired: the slot is free again */
-			if (f == 1)
-				rl_stats_add(RL_STAT_RELEASED, 1);
-			ps->released++;
-			slot_free(j->slot);
-		}
-		else if (f >= 0)
-			watch_again(j, now);
+			apply_renewal(j, s, op, f, sent, ps);
+		else
+			apply_release(j, op, f, now, ps);
 	}
-	LWLockRelease(shared->lock);
+	LWLockRelease(rl_shared->lock);
 	return nfailed;
+}
+
+/*
+ * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
+ * passwords the backends used, then apply the results unless the slot
+ * changed hands meanwhile.  A renewed lock counts as renewed when the round
+ * was sent: Redis restarted its lease no earlier than that.  Returns how
+ * many ops failed; *problem gets (in problem_cxt) what went wrong with the
+ * first failed op, if it has nothing yet.
+ */
+static int
+run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
+		  PassStats *ps, char **problem, MemoryContext problem_cxt)
+{
+	RLLockOp   *ops;
+	TimestampTz sent;
+
+	n = mark_jobs_in_flight(jobs, n);
+	if (n == 0)
+		return 0;
+
+	ops = build_round_ops(jobs, n, t);
+	rl_use_credentials(target->password[0] ? target->password : NULL,
+					   target->sentinel_password[0] ? target->sentinel_password : NULL);
+	sent = GetCurrentTimestamp();
+	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
+	rl_use_settings_credentials();
+	ps->rounds++;
+
+	return apply_round(jobs, ops, n, sent, ps, problem, problem_cxt);
 }
 
 /*
@@ -1323,6 +733,196 @@ job_urgency_cmp(const void *a, const void *b)
 	return job_order((const Job *) a, (const Job *) b, false);
 }
 
+/* What the scan of a cycle found: the jobs due, and when more fall due */
+typedef struct CycleScan
+{
+	TimestampTz start;			/* when the cycle began */
+	TimestampTz next_due;		/* when the next slot not taken falls due */
+	Job		   *jobs;
+	int			njobs;
+	int			cap;
+	HTAB	   *alive;			/* backend_alive's cache */
+	int			last_pid;		/* the pid last asked about */
+	bool		last_alive;
+} CycleScan;
+
+static void
+scan_init(CycleScan *scan)
+{
+	HASHCTL		ctl;
+
+	memset(scan, 0, sizeof(*scan));
+	scan->start = GetCurrentTimestamp();
+	scan->next_due = TimestampTzPlusMilliseconds(scan->start, 1000);
+	scan->cap = 64;
+	scan->jobs = palloc(sizeof(Job) * scan->cap);
+	ctl.keysize = sizeof(int);
+	ctl.entrysize = sizeof(PidAlive);
+	ctl.hcxt = CurrentMemoryContext;
+	scan->alive = hash_create("redis_lock watchdog backends", 64, &ctl,
+							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+/*
+ * What slot s (index i) needs now, if anything: a release when its backend
+ * is gone or left it, a renewal when its renewal falls due soon enough.
+ * Returns false when nothing is due yet (moving scan->next_due up to when
+ * it will be).  Caller holds the registry's lock.
+ */
+static bool
+slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
+{
+	*due = scan->start;
+	if (s->state == SLOT_FREE)
+		return false;
+	/* a backend's slots often come in runs: ask the cache less */
+	if (s->st.pid != scan->last_pid)
+	{
+		scan->last_pid = s->st.pid;
+		scan->last_alive = backend_alive(scan->alive, scan->last_pid);
+	}
+	if (s->state == SLOT_ORPHAN || !scan->last_alive)
+		*kind = JOB_RELEASE;
+	else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&
+			 s->st.session_holds + s->st.xact_holds > 0)
+	{
+		long		ahead = lookahead_ms(s->st.lease_ms);
+		TimestampTz take_at;
+
+		*due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, renewal_period(s));
+		/* start by due - ahead; take along what is due within ahead more */
+		take_at = Max(TimestampTzPlusMilliseconds(*due, -2 * ahead),
+					  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+												  renewal_period(s) / 2));
+		if (take_at > scan->start)
+		{
+			scan->next_due = Min(scan->next_due,
+								 Max(take_at, TimestampTzPlusMilliseconds(*due, -ahead)));
+			return false;
+		}
+		*kind = JOB_RENEW;
+	}
+	else
+		return false;
+	if (not_yet(i, s->generation, scan->start))
+	{
+		scan->next_due = Min(scan->next_due, retries[i].retry_at);
+		return false;
+	}
+	return true;
+}
+
+/* Append the job of slot s (index i) to the scan.  Caller holds the lock. */
+static void
+add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
+{
+	Job		   *j;
+
+	if (scan->njobs == scan->cap)
+	{
+		scan->cap *= 2;
+		scan->jobs = repalloc(scan->jobs, sizeof(Job) * scan->cap);
+	}
+	j = &scan->jobs[scan->njobs++];
+	j->kind = kind;
+	j->slot = i;
+	j->generation = s->generation;
+	j->target = s->target;
+	j->protocol = s->st.protocol;
+	j->script_free = s->st.script_free;
+	j->lease_ms = s->st.lease_ms;
+	j->due = due;
+	j->horizon = s->horizon != 0 ? s->horizon :
+		TimestampTzPlusMilliseconds(s->st.last_renewed_at,
+									s->st.lease_ms + 2 * rl_command_timeout_ms +
+									rl_connect_timeout_ms);
+	j->late_grant = s->late_grant;
+	j->retry = has_failed(i, s->generation);
+	j->failing = target_logs[s->target].failing;
+}
+
+/* Find what needs doing: one pass over the registry, its lock held shared */
+static void
+find_due_jobs(CycleScan *scan)
+{
+	int			i;
+
+	LWLockAcquire(rl_shared->lock, LW_SHARED);
+	for (i = 0; i < rl_shared->nslots; i++)
+	{
+		RLSlot	   *s = &rl_shared->slots[i];
+		JobKind		kind;
+		TimestampTz due;
+
+		if (slot_due(scan, s, i, &kind, &due))
+			add_job(scan, s, i, kind, due);
+	}
+	LWLockRelease(rl_shared->lock);
+}
+
+/* The most urgent first, and no more than a cycle's worth; returns how many */
+static int
+keep_most_urgent(Job *jobs, int njobs)
+{
+	if (njobs <= RL_WATCHDOG_CYCLE_JOBS)
+		return njobs;
+	qsort(jobs, njobs, sizeof(Job), job_urgency_cmp);
+	return RL_WATCHDOG_CYCLE_JOBS;
+}
+
+/*
+ * Copy the names and targets of the jobs taken; a slot that changed
+ * meanwhile is left for the next cycle.  The targets are copied in the
+ * same hold: an entry is reused only once no slot points at it.  Returns
+ * how many jobs are left, at the front of jobs.
+ */
+static int
+copy_job_names(Job *jobs, int njobs, RLSharedTarget *targets)
+{
+	int			ntaken = 0;
+	int			i;
+
+	LWLockAcquire(rl_shared->lock, LW_SHARED);
+	memcpy(targets, rl_shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
+	for (i = 0; i < njobs; i++)
+	{
+		RLSlot	   *s = &rl_shared->slots[jobs[i].slot];
+
+		if (s->generation != jobs[i].generation || s->state == SLOT_FREE ||
+			s->target != jobs[i].target)
+			continue;
+		jobs[ntaken] = jobs[i];
+		jobs[ntaken].key = pstrdup(s->key);
+		jobs[ntaken].owner = pstrdup(s->owner);
+		ntaken++;
+	}
+	LWLockRelease(rl_shared->lock);
+	return ntaken;
+}
+
+/*
+ * Run the jobs taken, a group at a time: slots doing fine first, those
+ * whose last attempt failed last; within each, targets that answered last
+ * time first; per target by deadline.
+ */
+static void
+run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
+{
+	int			g;
+
+	if (ntaken > 1)
+		qsort(jobs, ntaken, sizeof(Job), job_cmp);
+	for (g = 0; g < ntaken;)
+	{
+		int			e = g + 1;
+
+		while (e < ntaken && same_group(&jobs[g], &jobs[e]))
+			e++;
+		run_target(jobs + g, e - g, jobs[g].target, &targets[jobs[g].target], ps);
+		g = e;
+	}
+}
+
 /*
  * One cycle: renew what is due, release what exited backends left.  The
  * registry's lock is held (shared) to find what is due, again to copy the
@@ -1339,157 +939,37 @@ job_urgency_cmp(const void *a, const void *b)
 static long
 worker_cycle(void)
 {
-	Job		   *jobs;
-	int			njobs = 0;
-	int			ntaken = 0;
-	int			cap = 64;
-	int			i;
-	int			g;
-	TimestampTz start = GetCurrentTimestamp();
-	TimestampTz next_due = TimestampTzPlusMilliseconds(start, 1000);
-	TimestampTz now;
+	CycleScan	scan;
 	RLSharedTarget *targets;
-	HASHCTL		ctl;
-	HTAB	   *alive;
 	PassStats	ps;
 	long		scan_ms;
-	int			last_pid = 0;
-	bool		last_alive = false;
+	int			njobs;
+	int			ntaken;
+	TimestampTz now;
 
 	memset(&ps, 0, sizeof(ps));
-	jobs = palloc(sizeof(Job) * cap);
 	targets = palloc(sizeof(RLSharedTarget) * RL_MAX_TARGETS);
-	ctl.keysize = sizeof(int);
-	ctl.entrysize = sizeof(PidAlive);
-	ctl.hcxt = CurrentMemoryContext;
-	alive = hash_create("redis_lock watchdog backends", 64, &ctl,
-						HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 
-	/* find what needs doing */
-	LWLockAcquire(shared->lock, LW_SHARED);
-	for (i = 0; i < shared->nslots; i++)
-	{
-		RLSlot	   *s = &shared->slots[i];
-		Job		   *j;
-		JobKind		kind;
-		TimestampTz due = start;
+	scan_init(&scan);
+	find_due_jobs(&scan);
+	scan_ms = (long) ((GetCurrentTimestamp() - scan.start) / 1000);
 
-		if (s->state == SLOT_FREE)
-			continue;
-		/* a backend's slots often come in runs: ask the cache less */
-		if (s->st.pid != last_pid)
-		{
-			last_pid = s->st.pid;
-			last_alive = backend_alive(alive, last_pid);
-		}
-		if (s->state == SLOT_ORPHAN || !last_alive)
-			kind = JOB_RELEASE;
-		else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&
-				 s->st.session_holds + s->st.xact_holds > 0)
-		{
-			long		ahead = lookahead_ms(s->st.lease_ms);
-			TimestampTz take_at;
-
-			due = TimestampTzPlusMilliseconds(s->st.last_renewed_at, renewal_period(s));
-			/* start by due - ahead; take along what is due within ahead more */
-			take_at = Max(TimestampTzPlusMilliseconds(due, -2 * ahead),
-						  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-													  renewal_period(s) / 2));
-			if (take_at > start)
-			{
-				next_due = Min(next_due, Max(take_at, TimestampTzPlusMilliseconds(due, -ahead)));
-				continue;
-			}
-			kind = JOB_RENEW;
-		}
-		else
-			continue;
-		if (not_yet(i, s->generation, start))
-		{
-			next_due = Min(next_due, retries[i].retry_at);
-			continue;
-		}
-		if (njobs == cap)
-		{
-			cap *= 2;
-			jobs = repalloc(jobs, sizeof(Job) * cap);
-		}
-		j = &jobs[njobs++];
-		j->kind = kind;
-		j->slot = i;
-		j->generation = s->generation;
-		j->target = s->target;
-		j->protocol = s->st.protocol;
-		j->script_free = s->st.script_free;
-		j->lease_ms = s->st.lease_ms;
-		j->due = due;
-		j->horizon = s->horizon != 0 ? s->horizon :
-			TimestampTzPlusMilliseconds(s->st.last_renewed_at,
-										s->st.lease_ms + 2 * rl_command_timeout_ms +
-										rl_connect_timeout_ms);
-		j->late_grant = s->late_grant;
-		j->retry = has_failed(i, s->generation);
-		j->failing = target_logs[s->target].failing;
-	}
-	LWLockRelease(shared->lock);
-	scan_ms = (long) ((GetCurrentTimestamp() - start) / 1000);
-
-	/* the most urgent first, and no more than a cycle's worth */
-	if (njobs > RL_WATCHDOG_CYCLE_JOBS)
-	{
-		qsort(jobs, njobs, sizeof(Job), job_urgency_cmp);
-		njobs = RL_WATCHDOG_CYCLE_JOBS;
-	}
-
-	/*
-	 * Copy the names and targets of the jobs taken; a slot that changed
-	 * meanwhile is left for the next cycle.  The targets are copied in the
-	 * same hold: an entry is reused only once no slot points at it.
-	 */
-	LWLockAcquire(shared->lock, LW_SHARED);
-	memcpy(targets, shared->targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
-	for (i = 0; i < njobs; i++)
-	{
-		RLSlot	   *s = &shared->slots[jobs[i].slot];
-
-		if (s->generation != jobs[i].generation || s->state == SLOT_FREE ||
-			s->target != jobs[i].target)
-			continue;
-		jobs[ntaken] = jobs[i];
-		jobs[ntaken].key = pstrdup(s->key);
-		jobs[ntaken].owner = pstrdup(s->owner);
-		ntaken++;
-	}
-	LWLockRelease(shared->lock);
-
-	/*
-	 * Slots doing fine first, those whose last attempt failed last; within
-	 * each, targets that answered last time first; per target by deadline.
-	 */
-	if (ntaken > 1)
-		qsort(jobs, ntaken, sizeof(Job), job_cmp);
-	for (g = 0; g < ntaken;)
-	{
-		int			e = g + 1;
-
-		while (e < ntaken && same_group(&jobs[g], &jobs[e]))
-			e++;
-		run_target(jobs + g, e - g, jobs[g].target, &targets[jobs[g].target], &ps);
-		g = e;
-	}
+	njobs = keep_most_urgent(scan.jobs, scan.njobs);
+	ntaken = copy_job_names(scan.jobs, njobs, targets);
+	run_job_groups(scan.jobs, ntaken, targets, &ps);
 	explicit_bzero(targets, sizeof(RLSharedTarget) * RL_MAX_TARGETS);
 
 	now = GetCurrentTimestamp();
 	if (njobs > 0)
 	{
-		long		pass_ms = (long) ((now - start) / 1000);
+		long		pass_ms = (long) ((now - scan.start) / 1000);
 
 		note_pass(pass_ms);
 		report_pass(&ps, pass_ms, scan_ms);
 		/* look again at once: the results moved the due times */
 		return 1;
 	}
-	return Max(1, (long) ((next_due - now + 999) / 1000));
+	return Max(1, (long) ((scan.next_due - now + 999) / 1000));
 }
 
 /*
@@ -1505,18 +985,18 @@ rl_watchdog_main(Datum arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	shared->worker_latch = MyLatch;
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	rl_shared->worker_latch = MyLatch;
 	/* a predecessor that died in a round left its commands marked */
-	for (int i = 0; i < shared->nslots; i++)
-		shared->slots[i].in_flight = false;
-	LWLockRelease(shared->lock);
+	for (int i = 0; i < rl_shared->nslots; i++)
+		rl_shared->slots[i].in_flight = false;
+	LWLockRelease(rl_shared->lock);
 	on_shmem_exit(redis_lock_worker_on_shmem_exit, (Datum) 0);
 
 	cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock watchdog",
 								ALLOCSET_DEFAULT_SIZES);
 	retries = MemoryContextAllocZero(TopMemoryContext,
-									 sizeof(SlotRetry) * Max(shared->nslots, 1));
+									 sizeof(SlotRetry) * Max(rl_shared->nslots, 1));
 	ereport(LOG, (errmsg("redis_lock watchdog started")));
 
 	for (;;)
@@ -1525,11 +1005,11 @@ rl_watchdog_main(Datum arg)
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 
 		/* busy: a lock registered during the cycle wakes it again */
-		pg_atomic_write_u64(&shared->worker_wakes_at, (uint64) PG_INT64_MAX);
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at, (uint64) PG_INT64_MAX);
 		sleep_ms = worker_cycle();
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(cxt);
-		pg_atomic_write_u64(&shared->worker_wakes_at,
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at,
 							(uint64) TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms));
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

@@ -2,7 +2,7 @@
  *
  * watchdog.h
  *	  The shared registry of every backend's locks and the worker that
- *	  renews and cleans them up (watchdog.c).
+ *	  renews and cleans them up (registry.c, watchdog.c).
  *
  * Copyright (c) 2026, redis_lock developers
  *

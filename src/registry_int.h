@@ -1,0 +1,98 @@
+/*-------------------------------------------------------------------------
+ *
+ * registry_int.h
+ *	  The layout of the shared registry, for registry.c, which owns it, and
+ *	  the watchdog worker (watchdog.c), which renews and frees its slots.
+ *	  Nothing else includes this: backends use the calls of watchdog.h.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/registry_int.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_REGISTRY_INT_H
+#define RL_REGISTRY_INT_H
+
+#include "watchdog.h"
+
+#include "port/atomics.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+
+#define RL_MAX_TARGETS		32
+#define RL_TARGET_SPEC_LEN	1024
+#define RL_SECRET_LEN		256
+
+typedef enum RLSlotState
+{
+	SLOT_FREE,
+	SLOT_RESERVED,				/* acquire in flight: outcome not known yet */
+	SLOT_HELD,
+	SLOT_ORPHAN					/* the worker releases it: its owner exited
+								 * without releasing it, or handed it over as
+								 * a doubt (rl_registry_hand_off) */
+} RLSlotState;
+
+/*
+ * One held lock.  The lock's name is not stored apart: the Redis key is
+ * always key_prefix + name (rl_names_build), so the name is the key's tail
+ * from name_off on.  That keeps a slot at about 0.9 kB instead of 1.4 kB;
+ * shared memory is sized for max_locks of them (see settings.c).
+ */
+typedef struct RLSlot
+{
+	uint32		generation;		/* bumped at every allocation and free */
+	RLSlotState state;
+	int			target;			/* index into RLShared.targets */
+	uint16		name_off;		/* the name starts at key + name_off */
+	bool		in_flight;		/* the worker has a command for it under way */
+	bool		late_grant;		/* orphan: an acquire whose reply was lost may
+								 * still be run by Redis */
+	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
+								 * late grant (0: last renewal + lease) */
+	int64		renew_every_ms; /* renewal period when another client cuts
+								 * the lease short (0: lease/3) */
+	RLLockState st;
+	char		key[RL_MAX_KEY_LEN + 1];
+	char		owner[RL_OWNER_LEN + 1];
+} RLSlot;
+
+StaticAssertDecl(RL_MAX_PREFIX_LEN <= PG_UINT16_MAX,
+				 "RLSlot.name_off must hold any key prefix length");
+
+/*
+ * Where and with which passwords the locks of some slots live.  An entry is
+ * in use while slots point at it (refs > 0); the worker connects with the
+ * passwords the acquiring backend used, wherever it set them.
+ */
+typedef struct RLSharedTarget
+{
+	int			refs;
+	char		spec[RL_TARGET_SPEC_LEN];
+	char		password[RL_SECRET_LEN];
+	char		sentinel_password[RL_SECRET_LEN];
+} RLSharedTarget;
+
+typedef struct RLShared
+{
+	LWLock	   *lock;
+	Latch	   *worker_latch;
+	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
+	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
+	pg_atomic_uint64 worker_wakes_at;	/* TimestampTz the worker sleeps until */
+	RLSharedTarget targets[RL_MAX_TARGETS];
+	int			nslots;
+	int			nfree;
+	RLSlot		slots[FLEXIBLE_ARRAY_MEMBER];
+	/* followed by int freelist[nslots] */
+} RLShared;
+
+/* The registry in shared memory; NULL without preloading */
+extern RLShared *rl_shared;
+
+extern void rl_registry_init(void);
+extern void rl_slot_free(int idx);
+
+#endif							/* RL_REGISTRY_INT_H */

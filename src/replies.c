@@ -1,0 +1,448 @@
+/*-------------------------------------------------------------------------
+ *
+ * replies.c
+ *	  Owns the decoding of the replies of every form of a lock operation,
+ *	  scripted or script-free: grants, flags, found leases, inspection, and
+ *	  which call of a unit failed or may have run.
+ *
+ *	  Must not: build or send commands, keep state about held locks or
+ *	  waits, or decide anything from the answers of several nodes (lockop.c
+ *	  does).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/replies.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "protocol_int.h"
+
+#include <hiredis/hiredis.h>
+
+/* ----------------------------------------------------------------
+ * Replies
+ * ----------------------------------------------------------------
+ */
+static bool
+is_text(const RLReply *r)
+{
+	return r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
+}
+
+/* The head of a unit runs a script (EVALSHA, or EVAL after NOSCRIPT) */
+static bool
+is_script_unit(const RLCall *unit)
+{
+	return unit->argc > 0 &&
+		(pg_strcasecmp(unit->argv[0], "EVALSHA") == 0 ||
+		 pg_strcasecmp(unit->argv[0], "EVAL") == 0);
+}
+
+static bool
+is_status(const RLReply *r, const char *text)
+{
+	return r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, text) == 0;
+}
+
+/*
+ * The array EXEC answered for a MULTI ... EXEC unit of n calls, once MULTI
+ * said OK and every command in between QUEUED; NULL otherwise (a command
+ * refused while queued -- an ACL, a redirection -- aborts the transaction:
+ * nothing of it ran).
+ */
+static RLReply *
+exec_reply(RLCall *unit, int n)
+{
+	RLReply    *r = unit[n - 1].reply;
+	int			i;
+
+	if (n < 3 || !is_status(unit[0].reply, "OK"))
+		return NULL;
+	for (i = 1; i < n - 1; i++)
+		if (!is_status(unit[i].reply, "QUEUED"))
+			return NULL;
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != (size_t) (n - 2))
+		return NULL;
+	return r;
+}
+
+/*
+ * The script-free acquire's transaction (rl_free_unit): SET's GET, the fence
+ * counter's INCR (when fence), PTTL, TYPE.
+ */
+static void
+free_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
+{
+	RLReply    *x = exec_reply(unit, n);
+	bool		fence = n == 7;
+	RLReply    *got;
+	RLReply    *incr;
+	RLReply    *pttl;
+	RLReply    *type;
+	const char *token = unit[1].argv[2];
+
+	if (x == NULL)
+		return;
+	got = x->element[0];
+	incr = fence ? x->element[2] : NULL;
+	pttl = x->element[fence ? 3 : 1];
+	type = x->element[fence ? 4 : 2];
+	if (!is_text(type) || pttl->type != REDIS_REPLY_INTEGER)
+		return;
+	if (got->type == REDIS_REPLY_ERROR)
+	{
+		if (strncmp(got->str, "WRONGTYPE", 9) == 0 && strcmp(type->str, "string") != 0)
+		{
+			res->outcome = RL_ACQ_WRONGTYPE;
+			res->type = type->str;
+		}
+		return;
+	}
+	if (got->type == REDIS_REPLY_STRING && strcmp(got->str, token) != 0)
+	{
+		res->outcome = RL_ACQ_BUSY;
+		res->pttl = pttl->integer;
+		res->holder_publishes = strncmp(got->str, RL_TOKEN_MARKER,
+										strlen(RL_TOKEN_MARKER)) == 0;
+		return;
+	}
+	if (got->type != REDIS_REPLY_NIL && got->type != REDIS_REPLY_STRING)
+		return;
+	/* ours now, or ours already: the counter has counted for us */
+	if (incr != NULL && incr->type != REDIS_REPLY_INTEGER)
+		return;
+	res->fence = incr != NULL ? incr->integer : 0;
+	res->outcome = got->type == REDIS_REPLY_NIL ? RL_ACQ_GRANTED : RL_ACQ_OURS;
+}
+
+/*
+ * Decode an acquire unit of n calls into res: granted with its token, ours
+ * already (script-free: its lease must be restarted), busy with the
+ * holder's pttl, wrong type, or failed (res->failure: the call to blame).
+ */
+void
+rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
+{
+	RLReply    *r = unit->reply;
+
+	memset(res, 0, sizeof(*res));
+	res->outcome = RL_ACQ_FAILED;
+	res->failure = rl_unit_failure(RL_OP_ACQUIRE, unit, n);
+	if (!is_script_unit(unit))
+	{
+		free_parse_acquire(unit, n, res);
+		if (res->outcome != RL_ACQ_FAILED)
+			res->failure = NULL;
+		return;
+	}
+	/* {1, fence} | {0, pttl[, publishes]} | {-1, type}; anything else failed */
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+		r->elements > 3 || r->element[0]->type != REDIS_REPLY_INTEGER)
+		return;
+	switch (r->element[0]->integer)
+	{
+		case 1:
+			if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_INTEGER)
+				break;
+			res->outcome = RL_ACQ_GRANTED;
+			res->fence = r->element[1]->integer;
+			break;
+		case 0:
+			if (r->element[1]->type != REDIS_REPLY_INTEGER ||
+				(r->elements == 3 && r->element[2]->type != REDIS_REPLY_INTEGER))
+				break;
+			res->outcome = RL_ACQ_BUSY;
+			res->pttl = r->element[1]->integer;
+			res->holder_publishes = r->elements == 3 && r->element[2]->integer == 1;
+			break;
+		case -1:
+			if (r->elements != 2 || !is_text(r->element[1]))
+				break;
+			res->outcome = RL_ACQ_WRONGTYPE;
+			res->type = r->element[1]->str;
+			break;
+		default:
+			break;
+	}
+	if (res->outcome != RL_ACQ_FAILED)
+		res->failure = NULL;
+}
+
+/*
+ * Decode a multi-key acquire script's reply for n locks into res (see
+ * simple_acquire_many_lua); anything else is failed.
+ */
+void
+rl_parse_acquire_many(RLCall *call, int n, RLAcquireManyResult *res)
+{
+	RLReply    *r = call->reply;
+	size_t		i;
+
+	memset(res, 0, sizeof(*res));
+	res->outcome = RL_ACQ_FAILED;
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+		return;
+	for (i = 0; i < r->elements; i++)
+		if (r->element[i]->type != REDIS_REPLY_INTEGER &&
+			!(i == 2 && r->element[0]->type == REDIS_REPLY_INTEGER &&
+			  r->element[0]->integer == -1 && is_text(r->element[i])))
+			return;
+	if (r->element[0]->integer == 1)
+	{
+		if (r->elements != (size_t) n + 1)
+			return;
+		res->fences = palloc(sizeof(int64) * n);
+		for (i = 0; i < (size_t) n; i++)
+			res->fences[i] = r->element[i + 1]->integer;
+		res->outcome = RL_ACQ_GRANTED;
+		return;
+	}
+	if (r->element[1]->integer < 1 || r->element[1]->integer > n)
+		return;
+	res->index = (int) r->element[1]->integer - 1;
+	switch (r->element[0]->integer)
+	{
+		case 0:
+			if (r->elements != 4)
+				return;
+			res->outcome = RL_ACQ_BUSY;
+			res->pttl = r->element[2]->integer;
+			res->holder_publishes = r->element[3]->integer == 1;
+			break;
+		case -1:
+			if (r->elements != 3)
+				return;
+			res->outcome = RL_ACQ_WRONGTYPE;
+			res->type = r->element[2]->str;
+			break;
+		case -2:
+			if (r->elements != 2)
+				return;
+			res->outcome = RL_ACQ_BUSY;
+			res->lost = true;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Is this the inspect script's reply: {type, pttl[, value or field names]},
+ * every part of the type the script returns?
+ */
+bool
+rl_inspect_reply_valid(const RLReply *r)
+{
+	size_t		i;
+
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+		r->elements > 3 || !is_text(r->element[0]) ||
+		r->element[1]->type != REDIS_REPLY_INTEGER)
+		return false;
+	if (r->elements == 2)
+		return true;
+	if (is_text(r->element[2]))
+		return true;
+	if (r->element[2]->type != REDIS_REPLY_ARRAY)
+		return false;
+	for (i = 0; i < r->element[2]->elements; i++)
+		if (!is_text(r->element[2]->element[i]))
+			return false;
+	return true;
+}
+
+/*
+ * The inspect reply of a unit of n calls in the script's form, {type,
+ * pttl[, value or field names]} (a script-free unit's answers put in that
+ * form, without a read-write lock's "mode" field), or NULL if it has none.
+ */
+RLReply *
+rl_inspect_reply(RLCall *unit, int n)
+{
+	RLReply    *x;
+	RLReply    *out;
+	RLReply    *type;
+	RLReply    *v = NULL;
+
+	if (is_script_unit(unit))
+		return rl_inspect_reply_valid(unit->reply) ? unit->reply : NULL;
+	/* TYPE, PTTL, GET, HKEYS */
+	x = exec_reply(unit, n);
+	if (x == NULL || !is_text(x->element[0]) ||
+		x->element[1]->type != REDIS_REPLY_INTEGER)
+		return NULL;
+	type = x->element[0];
+	if (strcmp(type->str, "string") == 0)
+		v = x->element[2];
+	else if (strcmp(type->str, "hash") == 0)
+	{
+		RLReply    *keys = x->element[3];
+		size_t		i;
+
+		if (keys->type != REDIS_REPLY_ARRAY)
+			return NULL;
+		v = palloc0(sizeof(RLReply));
+		v->type = REDIS_REPLY_ARRAY;
+		v->element = palloc(sizeof(RLReply *) * Max(keys->elements, 1));
+		for (i = 0; i < keys->elements; i++)
+			if (!is_text(keys->element[i]) || strcmp(keys->element[i]->str, "mode") != 0)
+				v->element[v->elements++] = keys->element[i];
+	}
+	out = palloc0(sizeof(RLReply));
+	out->type = REDIS_REPLY_ARRAY;
+	out->elements = v != NULL ? 3 : 2;
+	out->element = palloc(sizeof(RLReply *) * 3);
+	out->element[0] = type;
+	out->element[1] = x->element[1];
+	out->element[2] = v;
+	return rl_inspect_reply_valid(out) ? out : NULL;
+}
+
+/*
+ * The call whose reply answers for a script-free unit of n calls: EXEC of a
+ * transaction, the SET of a renewal (after its PTTL), else the first.
+ */
+static RLCall *
+free_answer(RLOpKind kind, RLCall *unit, int n)
+{
+	if (pg_strcasecmp(unit->argv[0], "MULTI") == 0)
+		return &unit[n - 1];
+	if (kind == RL_OP_RENEW)
+		return &unit[1];
+	return unit;
+}
+
+/*
+ * The call to blame when a unit of n calls gave no usable answer: the first
+ * that failed or got an error (a transaction's refused command rather than
+ * its EXECABORT), else the one whose reply made no sense.
+ */
+RLCall *
+rl_unit_failure(RLOpKind kind, RLCall *unit, int n)
+{
+	int			i;
+
+	if (is_script_unit(unit))
+		return unit;
+	for (i = 0; i < n; i++)
+		if (unit[i].error != NULL || rl_reply_is_error(unit[i].reply, NULL))
+			return &unit[i];
+	return free_answer(kind, unit, n);
+}
+
+/*
+ * May a unit of n calls that gave no usable answer have changed something
+ * in Redis?  A script may have run part way whatever it replied.  A
+ * script-free unit did nothing when every call got its reply: an error
+ * means its command (or the transaction) did not run.
+ */
+bool
+rl_unit_may_have_run(RLCall *unit, int n)
+{
+	int			i;
+
+	if (is_script_unit(unit))
+		return unit->sent || unit->reply != NULL;
+	for (i = 0; i < n; i++)
+		if (unit[i].reply == NULL && unit[i].sent)
+			return true;
+	return false;
+}
+
+/*
+ * What an extend or renew unit that said "ours" found left of the lease, in
+ * ms: -1 for no expiry, an unknown one (a script-free extend does not ask),
+ * or a reply of another form.
+ */
+int64
+rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n)
+{
+	RLReply    *r = unit->reply;
+
+	if (!is_script_unit(unit))
+	{
+		/* the renewal's PTTL, just before its SET */
+		if (kind == RL_OP_RENEW && r != NULL && r->type == REDIS_REPLY_INTEGER &&
+			r->integer >= 0)
+			return r->integer;
+		return -1;
+	}
+	if (r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= 2)
+		return r->integer - 2;
+	return -1;
+}
+
+/*
+ * A script-free release, extend, renew or force-delete: its compare said
+ * yes or no.  A key of another type is not ours (as in the scripts, whose
+ * GET fails on it the same way) and stays untouched.
+ */
+static RLFlag
+free_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
+{
+	RLReply    *r = free_answer(kind, unit, n)->reply;
+
+	if (kind == RL_OP_FORCE)
+	{
+		/* TYPE, GET */
+		RLReply    *x = exec_reply(unit, n);
+
+		if (x == NULL || !is_text(x->element[0]))
+			return RL_FLAG_FAILED;
+		if (strcmp(x->element[0]->str, "none") == 0)
+			return RL_FLAG_NO;
+		if (strcmp(x->element[0]->str, "string") != 0)
+		{
+			*text = x->element[0]->str;
+			return RL_FLAG_WRONGTYPE;
+		}
+		if (x->element[1]->type != REDIS_REPLY_STRING)
+			return RL_FLAG_FAILED;
+		*text = x->element[1]->str;
+		return RL_FLAG_SEEN;
+	}
+	if (r == NULL)
+		return RL_FLAG_FAILED;
+	if (rl_reply_is_error(r, "WRONGTYPE"))
+		return RL_FLAG_NO;
+	if (kind == RL_OP_RELEASE)
+	{
+		if (r->type != REDIS_REPLY_INTEGER)
+			return RL_FLAG_FAILED;
+		return r->integer == 1 ? RL_FLAG_YES : RL_FLAG_NO;
+	}
+	/* SET ... IFEQ: OK, or nil when the key is not ours (or not there) */
+	if (is_status(r, "OK"))
+		return RL_FLAG_YES;
+	if (r->type == REDIS_REPLY_NIL)
+		return RL_FLAG_NO;
+	return RL_FLAG_FAILED;
+}
+
+/*
+ * Decode a release/extend/force unit of n calls: RL_FLAG_YES or
+ * RL_FLAG_NO; RL_FLAG_WRONGTYPE with *text the type when the key has a
+ * foreign type; RL_FLAG_SEEN with *text the token (script-free force);
+ * RL_FLAG_FAILED when the round trip failed or the reply makes no sense.
+ */
+RLFlag
+rl_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
+{
+	RLReply    *r = unit->reply;
+
+	*text = NULL;
+	if (!is_script_unit(unit))
+		return free_parse_flag(kind, unit, n, text);
+	if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+		return r->integer ? RL_FLAG_YES : RL_FLAG_NO;
+	if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+		r->element[0]->type == REDIS_REPLY_INTEGER &&
+		r->element[0]->integer == -1 && is_text(r->element[1]))
+	{
+		*text = r->element[1]->str;
+		return RL_FLAG_WRONGTYPE;
+	}
+	return RL_FLAG_FAILED;
+}
+
