@@ -76,7 +76,7 @@
 #include "pgstat.h"
 #include "utils/timestamp.h"
 
-/* Longest lock name accepted, in bytes (README, "Functions") */
+/* Longest lock name accepted, in bytes (doc/reference.md, "Functions") */
 #define RL_MAX_NAME_LEN		512
 /* Longest key_prefix accepted, in bytes */
 #define RL_MAX_PREFIX_LEN	256

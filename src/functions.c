@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * functions.c
- *	  Owns the SQL-callable functions (README, "Functions"): argument
+ *	  Owns the SQL-callable functions (doc/reference.md, "Functions"): argument
  *	  checks (NULL, empty, oversized names; ttl and wait ranges), the errors
  *	  a caller sees for a wait that elapsed, and the shape of every result.
  *

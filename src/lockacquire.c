@@ -544,6 +544,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	RLLockOp	op;
 	AcqOutcome	outcome;
 	bool		doubt;
+	bool		reclaimed = false;
 	int64		lease_ms = ttl_ms > 0 ? ttl_ms : rl_lease_time_ms;
 	bool		watchdog = ttl_ms <= 0 && rl_watchdog_enabled();
 
@@ -553,7 +554,10 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 
 	e = rl_lt_entry_find(mode, name);
 	if (e != NULL && e->releasing)
+	{
 		rl_lt_reclaim_releasing(e);
+		reclaimed = true;
+	}
 	if (e != NULL && RL_HOLDS(e) > 0)
 	{
 		if (acquire_again(e, lease_ms, scope))
@@ -569,9 +573,12 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	/*
 	 * Behind local waiters, a newcomer that may wait joins their queue
 	 * without trying first: they are served in arrival order.  Not a doubt
-	 * retried: its first attempt also settles what an earlier one left.
+	 * retried: its first attempt also settles what an earlier one left.  But
+	 * an entry whose release is on its way does queue: that release frees
+	 * the lock for the waiters, and the attempt pipelined behind it on the
+	 * same connection would win every time.
 	 */
-	if (wait_ms > 0 && !doubt && rl_waitq_any() &&
+	if (wait_ms > 0 && (!doubt || reclaimed) && rl_waitq_any() &&
 		rl_waitq_has_waiters(local_queue_id(e)))
 	{
 		rl_lt_op_init(&op, RL_OP_ACQUIRE, e, lease_ms);

@@ -26,6 +26,7 @@
 #include "locktable_int.h"
 
 #include "miscadmin.h"
+#include "storage/ipc.h"
 #include "utils/memutils.h"
 
 /*
@@ -138,6 +139,23 @@ rl_lt_release_later(RLHeld **ents, int n)
 		Assert(RL_HOLDS(e) == 0 && !e->handed && !e->releasing);
 		e->releasing = true;
 		rl_lt_ndoubts--;
+
+		/*
+		 * Its registry slot goes to the worker, which releases the lock if
+		 * the answer is not read by its deadline and as long again (the
+		 * session idles, or the connection died): no slot stays taken, and
+		 * no doubt unsettled, by a session that does not call again.  The
+		 * margin leaves a session that does call the answer's reading.
+		 * Counted as handed only.
+		 */
+		if (e->registry_slot >= 0 && rl_watchdog_enabled())
+		{
+			e->handed_gen = rl_registry_hand_off(e->registry_slot, e->expires_at, false,
+												 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																			 2 * rl_command_timeout_ms));
+			e->handed = true;
+			rl_lt_nhanded++;
+		}
 		recs[i].next = pending;
 		pending = &recs[i];
 		rl_lt_npending++;
@@ -183,10 +201,13 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 	PendingRelease *p;
 	RLHeld	  **again = NULL;
 	int			nagain = 0;
+	RLHeld	  **quiet;
+	int			nquiet = 0;
 
 	if (rl_lt_npending == 0)
 		return;
 	again = palloc(sizeof(RLHeld *) * rl_lt_npending);
+	quiet = palloc(sizeof(RLHeld *) * rl_lt_npending);
 	rl_poll_owed();
 	pp = &pending;
 	while ((p = *pp) != NULL)
@@ -196,8 +217,7 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 		int			result;
 
 		if (!rl_lock_op_answered(op) ||
-			(!send_again && op->goes_again && !p->superseded &&
-			 !RL_OP_YES(op) && !RL_OP_NO(op)))
+			(!send_again && op->goes_again && !p->superseded))
 		{
 			/* not in yet, or to be sent again at the next safe point */
 			pp = &p->next;
@@ -207,16 +227,35 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 		rl_lt_npending--;
 		result = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : RELEASE_UNKNOWN;
 		e = rl_lt_held != NULL ? hash_search(rl_lt_held, p->hkey, HASH_FIND, NULL) : NULL;
-		if (e == NULL || e->serial != p->serial || !e->releasing)
+		/* superseded first: a later release of the same entry may be on its way */
+		if (p->superseded || e == NULL || e->serial != p->serial || !e->releasing)
 		{
 			/* forgotten meanwhile (force release, new settings): nothing */
-			if (p->superseded)
+			if (p->superseded && !proc_exit_inprogress)
 				report_superseded(p, result);
 			continue;
 		}
 		/* a doubt again until settled below */
 		e->releasing = false;
-		rl_lt_ndoubts++;
+		if (!e->handed)
+			rl_lt_ndoubts++;
+		else
+		{
+			bool		ours;
+
+			/* (waits out a worker's command; not cut short after a grant) */
+			if (!interruptible)
+				HOLD_INTERRUPTS();
+			ours = rl_lt_take_back_from_worker(e);
+			if (!interruptible)
+				RESUME_INTERRUPTS();
+			if (!ours)
+			{
+				/* the worker released it, its answer being overdue */
+				rl_lt_entry_remove(e);
+				continue;
+			}
+		}
 		if (result == RELEASE_UNKNOWN && op->goes_again)
 		{
 			again[nagain++] = e;
@@ -225,22 +264,35 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 		if (result == RELEASE_UNKNOWN)
 		{
 			/* stays a doubt: the worker (or settle_doubts) releases it */
-			rl_lt_report_call(WARNING, RL_ACTION_RELEASE, e->name, op->failure);
+			if (!proc_exit_inprogress)	/* exit is quiet, as release_soft's */
+				rl_lt_report_call(WARNING, RL_ACTION_RELEASE, e->name, op->failure);
+			if (e->registry_slot >= 0 && rl_watchdog_enabled())
+				rl_lt_hand_to_worker(e);
 			continue;
 		}
 		if (result == 0 && !e->lost)
 		{
 			rl_lt_mark_lost(e);
-			rl_lt_warn_lost(e);
+			if (!proc_exit_inprogress)
+				rl_lt_warn_lost(e);
 		}
 		if (result == 1)
 			rl_stats_add(RL_STAT_RELEASED, 1);
+		/* decided, but a master did not run it (NOSCRIPT): there again */
+		if (op->goes_again)
+		{
+			quiet[nquiet++] = e;
+			continue;
+		}
 		rl_lt_entry_remove(e);
 	}
 	owed_memory_reset();
 	if (nagain > 0)
 		rl_lt_release_soft(again, nagain, rl_lt_warn_for_all(nagain), interruptible);
+	if (nquiet > 0)
+		rl_lt_release_soft(quiet, nquiet, NULL, interruptible);
 	pfree(again);
+	pfree(quiet);
 }
 
 /*
@@ -263,7 +315,8 @@ rl_lt_reclaim_releasing(RLHeld *e)
 		if (p->serial == e->serial)
 			p->superseded = true;
 	e->releasing = false;
-	rl_lt_ndoubts++;
+	if (!e->handed)
+		rl_lt_ndoubts++;		/* else the acquire takes it back first */
 }
 
 /* ----------------------------------------------------------------
@@ -352,7 +405,9 @@ forget_settled_doubts(void)
 	hash_seq_init(&seq, rl_lt_held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (e->handed && !rl_registry_handed(e->registry_slot, e->handed_gen))
+		/* (one whose release is owed a reply: settle_pending forgets it) */
+		if (e->handed && !e->releasing &&
+			!rl_registry_handed(e->registry_slot, e->handed_gen))
 		{
 			e->handed = false;
 			rl_lt_nhanded--;

@@ -254,7 +254,7 @@ rl_lt_hand_to_worker(RLHeld *e)
 {
 	Assert(RL_HOLDS(e) == 0 && !e->handed && e->registry_slot >= 0);
 	e->handed_gen = rl_registry_hand_off(e->registry_slot, e->expires_at,
-										 e->late_grant);
+										 e->late_grant, 0);
 	e->handed = true;
 	rl_lt_ndoubts--;
 	rl_lt_nhanded++;
@@ -292,7 +292,8 @@ rl_lt_entry_remove(RLHeld *e)
 	if (e->releasing)
 	{
 		e->releasing = false;
-		rl_lt_ndoubts++;
+		if (!e->handed)
+			rl_lt_ndoubts++;
 	}
 	/* its release is ours again, and is dropped with the entry */
 	if (e->handed)

@@ -243,9 +243,11 @@ release_subxact_holds(SubTransactionId mySubid)
 
 /*
  * ROLLBACK TO SAVEPOINT (and a failed PL/pgSQL exception block): drop the
- * transaction holds the subtransaction took and release, in one pipelined
- * round trip, the locks that are free now.  Interrupts are held here, the
- * wait is bounded and failures are WARNINGs.  RELEASE SAVEPOINT hands the
+ * transaction holds the subtransaction took and send the releases of the
+ * locks that are free now, in one pipelined round trip not waited for where
+ * the connection is open and in step (a failure is a WARNING from the next
+ * call); the others are released by release_soft, waited for within the
+ * timeouts with interrupts held, failures WARNINGs at once.  RELEASE SAVEPOINT hands the
  * holds to the parent.  Nothing to do, and O(1), when no transaction hold
  * was taken.  Doubts that an interrupted call left go to the worker.
  */
@@ -290,6 +292,8 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	RLHeld	   *e;
 	RLHeld	  **ents;
 	int			n = 0;
+	TimestampTz exit_by = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													  RL_EXIT_TIMEOUT_MS);
 
 	if (rl_lt_held == NULL || hash_get_num_entries(rl_lt_held) == 0)
 		return;
@@ -306,14 +310,22 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 
 	/*
 	 * Releases still on their way: their answers, within the same bound
-	 * (what has not come by then fails, leaving a doubt for the worker)
+	 * (what has not come by then fails, leaving a doubt for the worker).
+	 * With preloading the worker has them already (release_later): only
+	 * what came is read, the rest is the worker's at once.  What is left of
+	 * the bound is all the releases below get: one bound for the exit.
 	 */
 	if (rl_lt_npending > 0)
 	{
+		long		left;
+
 		HOLD_INTERRUPTS();
-		rl_wait_owed(RL_EXIT_TIMEOUT_MS);
+		rl_wait_owed(rl_watchdog_enabled() ? 0 : RL_EXIT_TIMEOUT_MS);
 		rl_lt_settle_pending(false, true);
 		RESUME_INTERRUPTS();
+		left = Max(1, (long) ((exit_by - GetCurrentTimestamp()) / 1000));
+		rl_command_timeout_ms = Min(rl_command_timeout_ms, (int) left);
+		rl_connect_timeout_ms = Min(rl_connect_timeout_ms, (int) left);
 	}
 	MemoryContextSwitchTo(rl_lt_work_cxt);
 	ents = palloc(sizeof(RLHeld *) * hash_get_num_entries(rl_lt_held));

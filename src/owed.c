@@ -169,9 +169,13 @@ rl_conn_ready_to_send(RLConn *conn)
 	if (conn->nowed > 0)
 	{
 		rl_poll_conn(conn, GetCurrentTimestamp());
-		/* not behind a reply that has begun and not ended (see write_runs) */
+		/*
+		 * not behind a reply that has begun and not ended (see write_runs);
+		 * all in: nothing may have come after them either
+		 */
 		return conn->stream != NULL &&
-			(conn->nowed == 0 || !rl_stream_has_partial_reply(conn->stream));
+			(conn->nowed == 0 ? !rl_has_unasked_bytes(conn) :
+			 !rl_stream_has_partial_reply(conn->stream));
 	}
 	/* a connection the server closed meanwhile shows its EOF here */
 	return !rl_has_unasked_bytes(conn);
@@ -258,7 +262,8 @@ rl_send(RLCall **calls, int ncalls, int timeout_ms)
 				rl_conn_close(conn);
 				continue;
 			}
-			if (rl_has_unsent(conn))
+			/* past RL_WES_MAXSOCK a socket is only written again next pass */
+			if (rl_has_unsent(conn) && sw.nsock < RL_WES_MAXSOCK)
 				rl_sock_add(&sw, rl_stream_socket(conn->stream),
 							rl_stream_events(conn->stream), i);
 		}
@@ -274,11 +279,11 @@ rl_send(RLCall **calls, int ncalls, int timeout_ms)
 			rl_wait_sockets(&sw, Max((long) ((deadline - now + 999) / 1000), 1),
 							RL_WAIT_REPLY) < 0)
 		{
-			for (i = 0; i < sw.nsock; i++)
+			for (i = 0; i < ncalls; i++)
 			{
-				RLConn	   *conn = calls[sw.owner[i]]->conn;
+				RLConn	   *conn = calls[i]->conn;
 
-				if (conn->stream == NULL)
+				if (conn->stream == NULL || !rl_has_unsent(conn))
 					continue;
 				rl_owed_fail_all(conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
 								 psprintf("could not send within %s", rl_format_ms(timeout_ms)));

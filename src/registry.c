@@ -351,11 +351,14 @@ rl_registry_remove(int slot)
  * outcome it could not learn (a doubt).  Nothing of it can exist in Redis
  * after horizon, unless late_grant: an acquire that may still be run by a
  * Redis that did not answer, which the worker keeps deleting until that
- * Redis has answered after the horizon.  Returns the slot's generation, by
+ * Redis has answered after the horizon.  A release its backend sent and
+ * has not heard back from yet is started no earlier than not_before, that
+ * release's deadline (0: at once).  Returns the slot's generation, by
  * which its backend can take it back (rl_registry_reclaim).
  */
 uint32
-rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant)
+rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
+					 TimestampTz not_before)
 {
 	RLSlot	   *s;
 	uint32		generation;
@@ -370,9 +373,12 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant)
 	s->st.session_holds = s->st.xact_holds = 0;
 	s->horizon = horizon;
 	s->late_grant = late_grant;
+	s->not_before = not_before;
 	generation = s->generation;
 	LWLockRelease(rl_shared->lock);
-	wake_worker();
+	/* one not due yet is found by the worker's next pass (within 1 s) */
+	if (not_before == 0)
+		wake_worker();
 	return generation;
 }
 

@@ -52,6 +52,8 @@ typedef struct RLSlot
 								 * still be run by Redis */
 	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
 								 * late grant (0: last renewal + lease) */
+	TimestampTz not_before;		/* orphan: the worker starts no release before
+								 * (its backend's own is owed a reply) */
 	int64		renew_every_ms; /* renewal period when another client cuts
 								 * the lease short (0: lease/3) */
 	RLLockState st;

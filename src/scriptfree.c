@@ -28,7 +28,7 @@
  * Each operation is one unit of calls sent as a group in one round trip
  * (MULTI ... EXEC where several commands must see one state).  Every unit
  * is idempotent for a given token, as the scripts are.  What differs from
- * the scripts (README, "Script-free locks"):
+ * the scripts (doc/topologies.md, "Script-free locks"):
  *
  * - The fence counter is counted on every acquire attempt, not only on a
  *   grant: a transaction cannot make INCR depend on the SET before it.

@@ -97,7 +97,7 @@ static const char *simple_extend_lua =
 "return 0\n";
 
 /*
- * redisson, acquire (RLock layout; README, "Redisson (Java)").  KEYS: lock, token
+ * redisson, acquire (RLock layout; doc/clients.md, "Redisson (Java)").  KEYS: lock, token
  * counter.  ARGV: lease ms, field, fence flag.  Our field's count stays 1: reentrancy
  * is counted in the backend, so a repeated acquire is idempotent.  The
  * counter is incremented on every grant, as RFencedLock does.
@@ -122,7 +122,7 @@ static const char *redisson_acquire_lua =
 "return {0, redis.call('pttl', KEYS[1]), 1}\n";
 
 /*
- * redisson_fair, acquire (RFairLock layout; README, "Fair locks").  KEYS:
+ * redisson_fair, acquire (RFairLock layout; doc/rwlock-fairlock.md).  KEYS:
  * lock, token counter, queue (list of waiting owners), timeout set (owner ->
  * the time in ms after which that waiter counts as gone).  ARGV: lease ms,
  * field, fence flag, wait ms of this waiter, now (Unix ms, our clock, as
@@ -315,8 +315,8 @@ static const char *inspect_lua =
 "return {t, p}\n";
 
 /*
- * Read-write locks: Redisson's RReadWriteLock layout (README, "Read-write
- * locks").  One hash per lock: field "mode" is "read" or "write"; a reader's
+ * Read-write locks: Redisson's RReadWriteLock layout
+ * (doc/rwlock-fairlock.md).  One hash per lock: field "mode" is "read" or "write"; a reader's
  * field is its owner id holding its read count, the writer's field is
  * "<owner id>:write".  Each read hold also has a string key
  * "{lock}:<owner id>:rwlock_timeout:<n>" with its own TTL, and the hash

@@ -781,6 +781,12 @@ slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
 		scan->last_pid = s->st.pid;
 		scan->last_alive = backend_alive(scan->alive, scan->last_pid);
 	}
+	if (s->state == SLOT_ORPHAN && scan->last_alive && s->not_before > scan->start)
+	{
+		/* its backend's release is on its way: wait for its deadline */
+		scan->next_due = Min(scan->next_due, s->not_before);
+		return false;
+	}
 	if (s->state == SLOT_ORPHAN || !scan->last_alive)
 		*kind = JOB_RELEASE;
 	else if (s->state == SLOT_HELD && s->st.watchdog && !s->st.lost &&

@@ -58,7 +58,8 @@ extern int	rl_registry_add(const char *name, const RLLockNames *names,
 extern void rl_registry_update(int slot, const RLLockState *st, const char *owner,
 							   bool refreshed);
 extern void rl_registry_remove(int slot);
-extern uint32 rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant);
+extern uint32 rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
+								   TimestampTz not_before);
 extern bool rl_registry_reclaim(int slot, uint32 generation);
 extern bool rl_registry_handed(int slot, uint32 generation);
 extern uint32 rl_registry_settled_events(void);

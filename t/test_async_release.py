@@ -202,6 +202,61 @@ def test_reacquire_behind_a_release_that_did_not_run(env):
     assert warnings(s) == []
 
 
+@pytest.mark.parametrize("how", ["with_lock", "commit"])
+def test_taking_a_lock_again_right_after_its_release_queues_behind_waiters(env, how):
+    """A session that takes the lock again while its own release is still
+    on its way (the end of redis_lock_with_lock, COMMIT) sees the local
+    waiter and queues behind it like any newcomer (t/test_waitqueue.py's
+    FIFO promise): the waiter, queued first, has the very next grant.
+    Pipelined behind the release on its own connection, the looping
+    session's attempt would otherwise win every time, and the waiter wait
+    out its wait."""
+    rc, pg, session = env
+    looper, waiter, admin = session(), session(), session()
+    key = "a-fifo"
+    # the looping session counts its grants in a sequence (not transactional)
+    admin.run("DROP SEQUENCE IF EXISTS a_fifo_grants")
+    admin.run("CREATE SEQUENCE a_fifo_grants")
+    admin.run("SELECT pg_advisory_lock(4243)")
+    # its first hold waits on the advisory lock
+    if how == "with_lock":
+        looper.start("SELECT count(*) FROM (SELECT redis_lock_with_lock(%s, CASE WHEN i = 1 "
+                     "THEN 'SELECT nextval(''a_fifo_grants''), pg_advisory_xact_lock_shared(4243)' "
+                     "ELSE 'SELECT nextval(''a_fifo_grants'')' END, "
+                     "wait => '30s') FROM generate_series(1, 1000000) i) s", (key,))
+    else:
+        looper.start("DO $$ BEGIN "
+                     "PERFORM redis_lock_acquire(%s, xact => true); "
+                     "PERFORM nextval('a_fifo_grants'); "
+                     "PERFORM pg_advisory_xact_lock_shared(4243); COMMIT; "
+                     "FOR i IN 1..1000000 LOOP "
+                     "PERFORM redis_lock_acquire(%s, wait => '30s', xact => true); "
+                     "PERFORM nextval('a_fifo_grants'); "
+                     "COMMIT; END LOOP; END $$", (key, key))
+
+    def grants():
+        return admin.run("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM a_fifo_grants")
+    testbed.wait_until(lambda: grants() == 1, 10, 0.01, what="the first hold")
+    waiter.start("SELECT redis_lock_acquire(%s, wait => '5s')", (key,))
+    channel = "redis_lock:release:{%s}" % key
+    testbed.wait_until(lambda: dict(rc.pubsub_numsub(channel)).get(channel.encode()) == 1,
+                       10, 0.01, what="the waiter to queue and subscribe")
+    try:
+        admin.run("SELECT pg_advisory_unlock(4243)")
+        waiter.join(10)
+        assert waiter.error is None and waiter.result, \
+            "the waiter did not get the lock: %r (%d grants to the loop)" % (waiter.error, grants())
+        # the waiter holds it: the loop, queued behind, had none since its first
+        assert grants() == 1, "the looping session was granted %d times first" % (grants() - 1)
+        assert looper.thread.is_alive(), "the loop ended: %r" % (looper.error,)
+        assert waiter.run("SELECT redis_lock_release(%s)", (key,))
+        testbed.wait_until(lambda: grants() > 1, 10, 0.01, what="the loop to go on")
+    finally:
+        admin.run("SELECT pg_cancel_backend(%s)", (looper.pid,))
+        looper.join(10)
+    assert isinstance(looper.error, Exception) and looper.error.pgcode == "57014", looper.error
+
+
 def test_exit_with_a_release_on_its_way(env):
     rc, pg, session = env
     s = session()
@@ -302,6 +357,56 @@ def test_redlock_release_after_commit_reaches_every_master(masters):
 
 
 @pytest.fixture(scope="module")
+def masters_one_slow():
+    ms = [testbed.Redis().start() for _ in range(3)]
+    proxy = testbed.DelayProxy(ms[2].port, D).start()
+    pg = testbed.Postgres(conf={"redis_lock.nodes": ",".join([ms[0].url, ms[1].url, proxy.url]),
+                                "redis_lock.node_timeout": "2s",
+                                "redis_lock.command_timeout": "5s"}
+                          ).init().start().with_extension()
+    yield ms, pg
+    pg.cleanup()
+    proxy.stop()
+    for m in ms:
+        m.stop()
+
+
+def test_redlock_minority_noscript_on_a_release_after_commit_is_sent_again(masters_one_slow):
+    """The release after COMMIT: two masters run it, the third (behind a
+    proxy) answers NOSCRIPT (its scripts were flushed meanwhile).  The
+    majority decided, but the lock is still on the third master: the next
+    call sends the release there again, quietly, instead of leaving it
+    for its lease."""
+    ms, pg = masters_one_slow
+    clients = [m.client() for m in ms]
+    for c in clients:
+        c.flushall()
+    s = Session(pg)
+    try:
+        s.run("SET redis_lock.verify_on_commit = off")
+        s.run("BEGIN")
+        assert s.run("SELECT redis_lock_try_acquire('rl-ns', xact => true, ttl => '60s')")
+        assert all(c.exists("rl-ns") for c in clients)
+        clients[2].config_resetstat()
+        s.run("COMMIT")
+        clients[2].script_flush()           # the request is still in the proxy
+
+        def noscript_answered():
+            st = clients[2].info("commandstats").get("cmdstat_evalsha", {})
+            return sum(st.get(k, 0) for k in ("calls", "failed_calls", "rejected_calls")) >= 1
+        testbed.wait_until(noscript_answered, 5, 0.01, what="the release to reach the third master")
+        assert not clients[0].exists("rl-ns") and not clients[1].exists("rl-ns")
+        assert clients[2].exists("rl-ns")
+        # the next calls read the replies and send it again to the third
+        testbed.wait_until(lambda: s.run("SELECT count(*) FROM redis_lock_held()") == 0 and
+                           not clients[2].exists("rl-ns"), 5, 0.05,
+                           what="the release sent again to the master that did not run it")
+        assert warnings(s) == []
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
 def cluster():
     nodes = [testbed.cluster_node().start() for _ in range(3)]
     testbed.create_cluster(nodes)
@@ -343,3 +448,60 @@ def test_cluster_releases_after_commit_go_to_each_key_s_node(cluster):
     finally:
         s.close()
         rc.close()
+
+
+# ================================================================ an idle session's registry slots
+
+@pytest.fixture(scope="module")
+def small_registry():
+    r = testbed.Redis().start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
+                                "redis_lock.max_locks": "16",
+                                "redis_lock.command_timeout": "1s"}).init().start().with_extension()
+    yield r, pg
+    pg.cleanup()
+    r.stop()
+
+
+def test_an_idle_session_s_sent_releases_give_their_registry_slots_back(small_registry):
+    """A session fills the shared registry (max_locks = 16) with transaction
+    locks, COMMITs (their releases sent, the replies not read) and idles, as
+    a pooled session does.  Its slots must not stay taken until it calls
+    again: the worker takes them over once the replies are overdue, and
+    another session can take a lock a moment later, while nobody renews
+    the released ones."""
+    r, pg = small_registry
+    rc = r.client()
+    rc.flushall()
+    a, b = Session(pg), Session(pg)
+    try:
+        a.run("SET redis_lock.verify_on_commit = off")
+        a.run("BEGIN")
+        for i in range(16):
+            assert a.run("SELECT redis_lock_acquire(%s, xact => true, ttl => '60s')", ("a-slot%d" % i,))
+        with pytest.raises(Exception) as ei:
+            b.run("SELECT redis_lock_try_acquire('a-other')")
+        assert "too many Redis locks held" in str(ei.value)
+        a.run("COMMIT")
+        testbed.wait_until(lambda: rc.keys("a-slot*") == [], 5, 0.01, what="the releases to run")
+        t0 = time.monotonic()
+
+        def b_gets_it():
+            try:
+                return b.run("SELECT redis_lock_try_acquire('a-other', ttl => '60s')")
+            except Exception as e:
+                assert "too many Redis locks held" in str(e), e
+                return False
+        # twice command_timeout (1 s) for the replies to be overdue, then a
+        # worker pass
+        testbed.wait_until(b_gets_it, 5 * S, 0.05, what="a slot for another session")
+        print("\nslot free again %.2f s after the COMMIT" % (time.monotonic() - t0))
+        assert rc.exists("a-other")
+        # nothing of a's was re-created meanwhile, and a's next call is quiet
+        assert [k for k in rc.keys("a-slot*")] == []
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+        assert warnings(a) == []
+        assert b.run("SELECT redis_lock_release('a-other')")
+    finally:
+        a.close()
+        b.close()

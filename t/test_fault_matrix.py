@@ -443,6 +443,102 @@ def test_single_node_unanswered_async_release(single, fault):
         s.close()
 
 
+def test_single_node_lost_async_release_idle_session(single):
+    """The release after COMMIT is lost with its connection (killed while
+    the request sits in the proxy), then Redis freezes for longer than
+    command_timeout, and the session never calls again (a pooled session
+    idling): the worker takes the release over once its reply is overdue
+    and deletes the lock within a second of Redis answering again, long
+    before its lease ends; it renews nothing."""
+    env = single
+    rc = env.client()
+    rc.flushall()
+    s = Session(env.pg)
+    admin = env.pg.connect()
+    resumed = False
+    try:
+        s.run("SET redis_lock.verify_on_commit = off")
+        s.run("BEGIN")
+        s.run("SELECT redis_lock_acquire('m-async-idle', xact => true, ttl => '60s')")
+        env.proxy.delay = ASYNC_DELAY
+        el, _ = timed(lambda: s.run("COMMIT"))
+        assert el < ASYNC_DELAY, "COMMIT waited %.2fs for the release's reply" % el
+        async_dropped(env, s, rc)
+        env.proxy.delay = 0.0
+        env.redis.pause()
+        # frozen past the release's deadline (command_timeout, 500 ms)
+        time.sleep(3 * TIMEOUT_MS / 1000.0)
+        env.redis.resume()
+        resumed = True
+        t0 = time.monotonic()
+        rc = env.client()
+        testbed.wait_until(lambda: not rc.exists("m-async-idle"), 3 * S, 0.01,
+                           what="the worker to delete the lock")
+        el = time.monotonic() - t0
+        print("\ndeleted %.2f s after Redis answered again" % el)
+        assert el < 1.0 * S, el
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT count(*) FROM redis_lock_locks") == 0, 5, 0.05, what="registry empty")
+        # the session's next call: nothing held, and the lock can be taken
+        del s.conn.notices[:]
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        assert s.run("SELECT redis_lock_try_acquire('m-async-idle', ttl => '60s')")
+        assert s.run("SELECT redis_lock_release('m-async-idle')")
+        check_after(env, s, ["m-async-idle"], env.client())
+    finally:
+        env.proxy.delay = 0.0
+        if not resumed:
+            env.redis.resume()
+        admin.close()
+        s.close()
+
+
+def test_single_node_exit_with_an_owed_release_into_a_frozen_redis(single):
+    """The backend is terminated right after COMMIT, its release on its way
+    into a Redis that froze: the exit does not wait for that reply and then
+    send the release again (each bounded, together twice the bound); the
+    backend is gone within a second, quietly, and the locks are released
+    once Redis answers."""
+    env = single
+    rc = env.client()
+    rc.flushall()
+    s = Session(env.pg)
+    admin = env.pg.connect()
+    resumed = False
+    try:
+        s.run("SET redis_lock.verify_on_commit = off")
+        s.run("BEGIN")
+        s.run("SELECT redis_lock_acquire('m-exit', xact => true, ttl => '60s')")
+        s.run("SELECT redis_lock_acquire('m-exit-held', ttl => '60s')")
+        env.proxy.delay = ASYNC_DELAY
+        s.run("COMMIT")
+        env.redis.pause()
+        t0 = time.monotonic()
+        assert testbed.sql_one(admin, "SELECT pg_terminate_backend(%s)", (s.pid,))
+        testbed.wait_until(lambda: not testbed.sql_one(
+            admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (s.pid,)),
+            5, 0.01, what="terminated backend to exit")
+        el = time.monotonic() - t0
+        env.proxy.delay = 0.0
+        print("\nexit took %.2f s" % el)
+        assert el < 1.0 * S, "exit took %.2f s" % el
+        env.redis.resume()
+        resumed = True
+        rc = env.client()
+        testbed.wait_until(lambda: not rc.exists("m-exit") and not rc.exists("m-exit-held"),
+                           3 * S, 0.01, what="the locks released")
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT count(*) FROM redis_lock_locks") == 0, 5, 0.05, what="registry empty")
+        log = env.pg.log_text()
+        assert 'could not release Redis lock "m-exit"' not in log, "a WARNING at exit"
+    finally:
+        env.proxy.delay = 0.0
+        if not resumed:
+            env.redis.resume()
+        admin.close()
+        s.close()
+
+
 # ================================================================ Sentinel down
 
 @pytest.fixture(scope="module")

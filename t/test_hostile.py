@@ -424,8 +424,6 @@ FUNCTIONS = {
 }
 # functions that work on a lock taken (well-behaved) before the hostile call
 NEEDS_GRANT = {"release", "extend", "status"}
-# the release at the end of redis_lock_with_lock is sent, not waited for
-SENT_NOT_WAITED = {"with_lock_release"}
 
 # Replies that are valid answers for some functions: those must just work.
 VALID_FOR = {
@@ -582,11 +580,9 @@ def test_hostile_reply(pg, fake, report, case, fn):
         rss_before = vm_rss_kb(ck.pid)
         fake.arm(kind, armed)
         result, error = ck.call(sql)
-        if fn in SENT_NOT_WAITED:
-            # the call returned before its release's reply, perhaps before
-            # the fake read the release: the fake answers it once it does
-            testbed.wait_until(lambda: armed.hits > 0, 5, 0.01,
-                               what="the release sent without waiting to reach the fake")
+        if fn == "with_lock_release":
+            # that release is not waited for: it may reach the server just after
+            testbed.wait_until(lambda: armed.hits > 0, 2, 0.002, what="the release to arrive")
         fake.disarm()
         report.append({"case": case, "function": fn, "seconds": round(ck.elapsed, 3),
                        "outcome": outcome_text(result, error), "hits": armed.hits})
@@ -654,6 +650,63 @@ def test_unsolicited_reply_is_not_taken_for_the_next_answer(pg, fake, report):
         ck.assert_alive()
         assert got is not True, "stale reply taken for a grant; held: %r" % ck.held()
         assert "victim" not in ck.held()
+    finally:
+        fake.disarm()
+        ck.close()
+
+
+@pytest.mark.xfail(strict=True, reason="known: a command pipelined behind an owed reply takes "
+                   "an extra reply sent after it (no marker between them yet; not pipelining "
+                   "would cost the next call up to a round trip)")
+def test_unsolicited_reply_behind_an_owed_release_is_not_taken_for_a_grant(pg, fake, report):
+    """As above, but the release is one nobody waits for (the end of
+    redis_lock_with_lock) and the next command follows at once, in the same
+    statement: it goes out before the release's reply (and the extra one)
+    is in.  The extra reply must not be taken for its answer."""
+    ck = Checked(pg, fake, report)
+    try:
+        fake.hold_foreign("victim")
+        fake.arm("release", Armed("extra", array(integer(1), integer(4242))))
+        got, err = ck.call("SELECT redis_lock_with_lock('first', 'SELECT 1') = 1 "
+                           "AND redis_lock_try_acquire('victim')")
+        fake.disarm()
+        report.append({"case": "unsolicited-extra-reply", "function": "with_lock+try_acquire",
+                       "outcome": outcome_text(got, err)})
+        ck.assert_alive()
+        assert got is not True, "stale reply taken for a grant; held: %r" % ck.held()
+        assert "victim" not in ck.held()
+    finally:
+        fake.disarm()
+        ck.close()
+
+
+def test_unsolicited_reply_before_a_release_sent_at_commit(pg, fake, report):
+    """The reply of a release nobody waited for comes with one reply too
+    many, and the next use of the connection is another release sent
+    without waiting (at COMMIT): that connection must not be used as is,
+    or the extra reply ("not ours") is taken for the second release's
+    answer: a lock reported lost that was released."""
+    ck = Checked(pg, fake, report)
+    try:
+        one(ck.conn, "SET redis_lock.verify_on_commit = off")
+        one(ck.conn, "BEGIN")
+        assert one(ck.conn, "SELECT redis_lock_acquire('second', xact => true, ttl => '60s')") > 0
+        fake.arm("release", Armed("extra", integer(0)))
+        assert one(ck.conn, "SELECT redis_lock_with_lock('first', 'SELECT 1')") == 1
+        # the reply and the extra one are in before COMMIT looks
+        testbed.wait_until(lambda: fake.armed.get("release") is not None and
+                           fake.armed["release"].hits == 1, 5, 0.01, what="the release's reply")
+        fake.disarm()
+        time.sleep(0.05)            # let the bytes cross the loopback
+        del ck.conn.notices[:]
+        one(ck.conn, "COMMIT")
+        assert ck.held() == []
+        notices = [n for n in ck.conn.notices if "WARNING" in n]
+        report.append({"case": "unsolicited-extra-reply", "function": "with_lock+commit",
+                       "outcome": "; ".join(notices) or "no warning"})
+        ck.assert_alive()
+        assert not any("was lost" in n for n in notices), notices
+        assert b"second" not in [k for k in fake.keys], "the release at COMMIT did not run"
     finally:
         fake.disarm()
         ck.close()
