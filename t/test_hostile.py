@@ -655,7 +655,10 @@ def test_unsolicited_reply_is_not_taken_for_the_next_answer(pg, fake, report):
         ck.close()
 
 
-@pytest.mark.xfail(strict=True, reason="known: a command pipelined behind an owed reply takes "
+# not strict: whether the extra reply is in before the next command goes out
+# is a race (on a slow server it is, and the check that refuses the
+# connection catches it: the test passes)
+@pytest.mark.xfail(strict=False, reason="known: a command pipelined behind an owed reply takes "
                    "an extra reply sent after it (no marker between them yet; not pipelining "
                    "would cost the next call up to a round trip)")
 def test_unsolicited_reply_behind_an_owed_release_is_not_taken_for_a_grant(pg, fake, report):
