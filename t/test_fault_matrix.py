@@ -209,25 +209,34 @@ def path_watchdog_renew(s, fault, env):
 def path_cancel_at_hand_over(s, fault, env):
     """A waiter's grant lands in Redis, the fault comes while its reply is
     still on the way, and the waiter is cancelled: nothing is believed, and
-    once Redis answers the worker deletes the grant (the session idles)."""
+    once Redis answers the worker deletes the grant (the session idles).
+    The proxy holds the reply back until the cancel has been served, and
+    the session's own command_timeout is long, so neither the reply nor the
+    session's timeout can overtake the cancel on a slow machine."""
     rc = env.client()
     channel = "redis_lock:release:{m-handover}"
+    s.run("SET redis_lock.command_timeout = '20s'")
     rc.set("m-handover", "pgrl:holder", px=60000)
     s.start("SELECT redis_lock_acquire('m-handover', wait => '30s')")
     testbed.wait_until(lambda: dict(rc.pubsub_numsub(channel)).get(channel.encode()) == 1,
                        5, 0.005, what="the waiter to subscribe")
-    env.proxy.delay = 0.3            # the grant's reply will be slow
+    env.proxy.delay = 1.0            # the grant's reply will be slow...
     rc.delete("m-handover")
     rc.publish(channel, "0")
     testbed.wait_until(lambda: rc.get("m-handover") not in (None, b"pgrl:holder"),
                        5, 0.002, what="the waiter's grant to land")
-    env.proxy.delay = 0.0            # the reply in flight keeps its delay
-    heal = fault(env)
-    t0 = time.monotonic()
-    os.kill(s.pid, signal.SIGINT)    # what pg_cancel_backend sends
-    s.join(5)
+    env.proxy.held = True            # ...and is kept back until the cancel
+    env.proxy.delay = 0.0
+    try:
+        heal = fault(env)
+        t0 = time.monotonic()
+        os.kill(s.pid, signal.SIGINT)    # what pg_cancel_backend sends
+        s.join(5)
+        el = time.monotonic() - t0
+    finally:
+        env.proxy.held = False
     assert s.error is not None and s.error.pgcode == "57014", s.error
-    return time.monotonic() - t0, heal, ["m-handover"]
+    return el, heal, ["m-handover"]
 
 
 def path_worker_settles_idle(s, fault, env):

@@ -440,19 +440,23 @@ class DelayProxy:
     """TCP proxy on 127.0.0.1 adding a fixed delay to every chunk, each way.
 
     Used to make round trips expensive, so a test can tell one pipelined
-    round trip from many sequential ones by elapsed time alone."""
+    round trip from many sequential ones by elapsed time alone.  While
+    `held` is true, what Redis sends is kept back (past its delay) until it
+    is false again: a reply that must not arrive before the test has done
+    something stays in flight however slow the machine."""
 
     def __init__(self, target_port, delay_s):
         import asyncio
         self.asyncio = asyncio
         self.target_port = target_port
         self.delay = delay_s
+        self.held = False
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    async def _pipe(self, reader, writer):
+    async def _pipe(self, reader, writer, replies=False):
         # a delay line: each chunk goes out `delay` after it came in, however
         # many follow it (sleeping per chunk in turn would add the delay once
         # per chunk, so a reply split in two would cost two round trips)
@@ -467,6 +471,8 @@ class DelayProxy:
                 wait = due - loop.time()
                 if wait > 0:
                     await self.asyncio.sleep(wait)
+                while replies and self.held:
+                    await self.asyncio.sleep(0.002)
                 writer.write(data)
                 await writer.drain()
         sender = loop.create_task(deliver())
@@ -490,7 +496,7 @@ class DelayProxy:
         except OSError:
             cwriter.close()
             return
-        await self.asyncio.gather(self._pipe(creader, swriter), self._pipe(sreader, cwriter))
+        await self.asyncio.gather(self._pipe(creader, swriter), self._pipe(sreader, cwriter, replies=True))
 
     def _run(self):
         self.asyncio.set_event_loop(self.loop)
