@@ -107,30 +107,31 @@ rl_poll_conn(RLConn *conn, TimestampTz now)
 }
 
 /*
- * An owed reply has begun to come on conn but is not whole: wait for its
- * end (up to its deadline) before anything more is sent there.  A server
- * that stops mid-reply and then answers the next command would otherwise
- * complete the owed frame with that command's reply, out of step for good.
- * Rare: a release's reply is a few bytes.  What does not end in time fails,
- * the connection closed.
+ * Wait (up to each reply's deadline) until no owed reply on conn has begun
+ * without ending, or, with every, until conn owes nothing.  A server that
+ * stops mid-reply and then answers the next command would otherwise
+ * complete the owed frame with that command's reply, out of step for good;
+ * a connection about to be closed because the settings changed would fail
+ * replies that are on their way (their releases taken for doubts).  Rare:
+ * a release's reply is a few bytes, half a round trip away.  What does not
+ * come in time fails, the connection closed.
  */
 void
-rl_finish_owed_reply(RLConn *conn)
+rl_finish_owed(RLConn *conn, bool every)
 {
-	bool		cut = false;
-	TimestampTz deadline = conn->owed[0].deadline;
+	TimestampTz cut_at = 0;
 
 	while (conn->stream != NULL && conn->nowed > 0 &&
-		   rl_stream_has_partial_reply(conn->stream))
+		   (every || rl_stream_has_partial_reply(conn->stream)))
 	{
 		SockWait	sw;
 		TimestampTz now = GetCurrentTimestamp();
+		TimestampTz deadline = conn->owed[0].deadline;
 
-		if (!cut && rl_held_wait_interrupted())
-		{
-			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
-			cut = true;
-		}
+		if (cut_at == 0 && rl_held_wait_interrupted())
+			cut_at = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
+		if (cut_at != 0)
+			deadline = Min(deadline, cut_at);
 		if (now >= deadline)
 		{
 			rl_owed_fail_all(conn, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,

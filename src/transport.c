@@ -289,7 +289,11 @@ int
 rl_conn_commands(RLConn *conn, const char **refusal)
 {
 	if (conn->stream != NULL && !conn->subscriber && conn->nowed > 0)
+	{
 		rl_poll_conn(conn, GetCurrentTimestamp());
+		if (conn->generation != rl_settings_generation)
+			rl_finish_owed(conn, true);
+	}
 	if (conn->stream != NULL && !conn->subscriber &&
 		(conn->busy || conn->generation != rl_settings_generation ||
 		 rl_stream_has_unsent(conn->stream) ||
@@ -678,9 +682,9 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 		/* what already came for earlier sends is theirs, whatever follows */
 		if (conn->stream != NULL && conn->nowed > 0)
 			rl_poll_conn(conn, now);
-		if (conn->stream != NULL && conn->nowed > 0 &&
-			rl_stream_has_partial_reply(conn->stream))
-			rl_finish_owed_reply(conn);
+		/* and what is on its way to a connection about to be closed */
+		if (conn->stream != NULL && conn->nowed > 0)
+			rl_finish_owed(conn, conn->generation != rl_settings_generation);
 		/* (replies owed to earlier sends are bytes asked for) */
 		if (conn->stream != NULL &&
 			(conn->busy || conn->generation != rl_settings_generation ||

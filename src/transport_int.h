@@ -84,6 +84,6 @@ extern void rl_owed_fail_all(RLConn *conn, RLFailure failure, int errcode,
 /* owed.c: reading the replies a connection owes */
 extern bool rl_owed_drain(RLConn *conn);
 extern void rl_poll_conn(RLConn *conn, TimestampTz now);
-extern void rl_finish_owed_reply(RLConn *conn);
+extern void rl_finish_owed(RLConn *conn, bool every);
 
 #endif							/* RL_TRANSPORT_INT_H */

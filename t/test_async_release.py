@@ -202,6 +202,27 @@ def test_reacquire_behind_a_release_that_did_not_run(env):
     assert warnings(s) == []
 
 
+def test_a_settings_change_waits_for_the_owed_release_before_reconnecting(env):
+    """A setting that makes the next call reconnect (here the same URL set
+    again) while a release's reply is on its way: the old connection is
+    closed only once that reply is in, so the release is not taken for a
+    doubt and nothing is warned about."""
+    rc, pg, session = env
+    s = session()
+    url = s.run("SHOW redis_lock.url")
+    s.run("SET redis_lock.verify_on_commit = off")
+    s.run("BEGIN")
+    s.run("SELECT redis_lock_acquire('a-reset', xact => true)")
+    s.run("COMMIT")
+    s.run("SET redis_lock.url = '%s'" % url)
+    assert s.run("SELECT redis_lock_acquire('a-reset2')")
+    assert not rc.exists("a-reset")
+    assert warnings(s) == []
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 1
+    assert s.run("SELECT redis_lock_release('a-reset2')")
+    assert warnings(s) == []
+
+
 @pytest.mark.parametrize("how", ["with_lock", "commit"])
 def test_taking_a_lock_again_right_after_its_release_queues_behind_waiters(env, how):
     """A session that takes the lock again while its own release is still
