@@ -158,97 +158,17 @@ bool
 rl_wait_for_message(RLConn **subs, int n, const char *channel, const char *key,
 					long timeout_ms)
 {
-	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													   timeout_ms);
-	char	  **kchannels = palloc0(sizeof(char *) * Max(n, 1));
-	int			k;
+	const char **channels = palloc(sizeof(char *) * Max(n, 1));
+	const char **keys = palloc(sizeof(char *) * Max(n, 1));
+	int			i;
 
-	for (k = 0; k < n && key != NULL; k++)
-		kchannels[k] = keyspace_channel(subs[k], key);
-
-	for (;;)
+	/* one entry a connection, each for the same lock */
+	for (i = 0; i < n; i++)
 	{
-		SockWait	sw;
-		int			i;
-		bool		woken = false;
-		TimestampTz now;
-		long		wait_ms;
-
-		/* anything already buffered? */
-		for (i = 0; i < n; i++)
-		{
-			RLConn	   *c = subs[i];
-			RLReply    *r;
-			char	   *err;
-
-			if (c->stream == NULL)
-				continue;
-			for (;;)
-			{
-				if (!rl_next_reply(c, &r, &err))
-				{
-					rl_conn_close(c);
-					return true;
-				}
-				if (r == NULL)
-					break;
-				if (is_message_for(r, channel) || is_key_gone(r, kchannels[i]))
-					woken = true;
-			}
-		}
-		if (woken)
-			return true;
-
-		now = GetCurrentTimestamp();
-		if (now >= deadline)
-			return false;
-		sw.nsock = 0;
-		for (i = 0; i < n; i++)
-		{
-			if (subs[i]->stream == NULL)
-				continue;
-			rl_sock_add(&sw, rl_stream_socket(subs[i]->stream),
-						rl_stream_events(subs[i]->stream), i);
-		}
-		wait_ms = (long) ((deadline - now + 999) / 1000);
-		if (sw.nsock == 0)
-		{
-			/* no subscription: plain latch sleep, the caller polls */
-			int			rc;
-
-			CHECK_FOR_INTERRUPTS();
-			rc = WaitLatch(MyLatch,
-						   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						   wait_ms, rl_wait_event(RL_WAIT_RELEASE));
-
-			if (rc & WL_LATCH_SET)
-			{
-				ResetLatch(MyLatch);
-				CHECK_FOR_INTERRUPTS();
-			}
-			continue;
-		}
-		if (rl_wait_sockets(&sw, wait_ms, RL_WAIT_RELEASE) < 0)
-			return true;
-		for (i = 0; i < sw.nready; i++)
-		{
-			RLConn	   *c = subs[sw.ready[i]];
-			bool		progress;
-			RLStreamFailure failure;
-			char	   *reason;
-
-			if (c->stream == NULL)
-				continue;
-			if ((rl_has_unsent(c) &&
-				 rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED) ||
-				(((sw.ready_ev[i] & WL_SOCKET_READABLE) || rl_stream_is_tls(c->stream)) &&
-				 rl_stream_read(c->stream, &failure, &reason) == RL_STREAM_FAILED))
-			{
-				rl_conn_close(c);
-				return true;
-			}
-		}
+		channels[i] = channel;
+		keys[i] = key;
 	}
+	return rl_wait_for_any_message(subs, n, channels, keys, timeout_ms);
 }
 
 /* ----------------------------------------------------------------
