@@ -286,6 +286,7 @@ def test_a_late_grant_of_an_exited_waiter_is_released_when_redis_answers():
         b.start("SELECT redis_lock_acquire('late', wait => '60s')")
         wait_for_wait_event(admin, b.pid)
         time.sleep(4.5)            # waits longer than a lease (4 s)
+        rc.config_resetstat()
         r.pause()
         b.join(5)                  # its next poll went to the frozen Redis
         assert b.error is not None and b.error.pgcode == "08006", b.error
@@ -296,8 +297,11 @@ def test_a_late_grant_of_an_exited_waiter_is_released_when_redis_answers():
         time.sleep(3.0)
         r.resume()
         thawed = time.monotonic()
-        testbed.wait_until(lambda: not rc.exists("late"), 1.5 * S, 0.01,
-                           what="the late grant released")
+        # the grant ran (its fence INCR is counted) and is gone: the key is
+        # also absent before the thawed Redis has run the queued attempt
+        testbed.wait_until(lambda: rc.info("commandstats").get("cmdstat_incr", {}).get("calls", 0) >= 1
+                           and not rc.exists("late"), 1.5 * S, 0.01,
+                           what="the late grant to land and be released")
         print("late grant gone %.0f ms after Redis thawed" % ((time.monotonic() - thawed) * 1000))
         # and it does not come back
         time.sleep(0.5)
