@@ -526,3 +526,53 @@ def test_an_idle_session_s_sent_releases_give_their_registry_slots_back(small_re
     finally:
         a.close()
         b.close()
+
+
+# ================================================================ more connections than one wait set holds
+
+def test_a_commit_releasing_on_more_nodes_than_one_wait_set_holds(tmp_path):
+    """Transaction locks on 70 Cluster masters, released at COMMIT without
+    waiting: more connections than one wait-event set takes (64).  COMMIT
+    must not raise (an ERROR there is a PANIC) and every release must run.
+    (Loopback writes complete at once, so the send's second pass for
+    sockets past the 64th is not forced here.)"""
+    from redis.crc import key_slot
+    nodes = [testbed.cluster_node().start() for _ in range(70)]
+    pg = None
+    s = None
+    try:
+        testbed.create_cluster(nodes, timeout=120)
+        owner = {}
+        for start, end, master, *_ in nodes[0].client().execute_command("CLUSTER", "SLOTS"):
+            for slot in range(start, end + 1):
+                owner[slot] = master[1]
+        names, covered, i = [], set(), 0
+        while len(covered) < len(nodes):
+            name = "wide-%d" % i
+            port = owner[key_slot(name.encode())]
+            if port not in covered:
+                covered.add(port)
+                names.append(name)
+            i += 1
+        pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url, "redis_lock.cluster": "on",
+                                    "redis_lock.max_locks": "256"}).init().start().with_extension()
+        s = Session(pg)
+        s.run("SET redis_lock.verify_on_commit = off")
+        s.run("BEGIN")
+        assert s.run("SELECT count(redis_lock_acquire(n, xact => true)) "
+                     "FROM unnest(%s::text[]) n", (names,)) == len(names)
+        by_port = {n.port: n for n in nodes}
+        assert all(by_port[owner[key_slot(n.encode())]].client().exists(n) for n in names)
+        s.run("COMMIT")
+        testbed.wait_until(
+            lambda: not any(by_port[owner[key_slot(n.encode())]].client().exists(n) for n in names),
+            10 * S, 0.05, what="every node to run its release")
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        assert warnings(s) == []
+    finally:
+        if s is not None:
+            s.close()
+        if pg is not None:
+            pg.cleanup()
+        for n in nodes:
+            n.stop()
