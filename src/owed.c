@@ -366,7 +366,10 @@ rl_wait_owed(int timeout_ms)
 		{
 			if (c->nowed == 0)
 				continue;
-			if (now >= deadline || sw.nsock >= RL_WES_MAXSOCK)
+			/* past RL_WES_MAXSOCK a connection is only polled, pass by pass */
+			if (now < deadline && sw.nsock >= RL_WES_MAXSOCK)
+				continue;
+			if (now >= deadline)
 			{
 				rl_owed_fail_all(c, RL_FAIL_TIMEOUT, ERRCODE_CONNECTION_FAILURE,
 								 psprintf("no reply within %s", rl_format_ms(timeout_ms)));
