@@ -59,6 +59,34 @@ def test_fixed_ttl_is_not_renewed(env):
     assert a.run("SELECT redis_lock_release('fixed')") is False
 
 
+def test_extend_null_hands_a_fixed_lease_back_to_the_watchdog(env):
+    r, pg, session = env
+    rc = r.client()
+    a = session()
+    a.run("SET redis_lock.lease_time = '2s'")
+    assert a.run("SELECT redis_lock_acquire('handed-back', ttl => '1500ms') > 0")
+    assert a.run("SELECT watchdog FROM redis_lock_held()") is False
+    assert a.run("SELECT redis_lock_extend('handed-back', NULL)") is True
+    assert a.run("SELECT watchdog AND lease = '2s' FROM redis_lock_held()") is True
+    # the fixed lease would have run out after 1.5 s: the key lives on for
+    # twice the new lease, and its TTL jumps back up at each renewal
+    renewals, last_pttl, t_end = 0, None, time.monotonic() + 4.5
+    while time.monotonic() < t_end:
+        pttl = rc.pttl("handed-back")
+        assert pttl > 0, "the lease handed back to the watchdog ran out"
+        if last_pttl is not None and pttl > last_pttl + 200:
+            renewals += 1
+        last_pttl = pttl
+        time.sleep(0.01)
+    assert renewals >= 3
+    # and an explicit ttl makes it fixed again
+    assert a.run("SELECT redis_lock_extend('handed-back', '1500ms')") is True
+    assert a.run("SELECT watchdog FROM redis_lock_held()") is False
+    testbed.wait_until(lambda: rc.exists("handed-back") == 0, 3,
+                       what="fixed lease to expire")
+    assert a.run("SELECT redis_lock_release('handed-back')") is False
+
+
 def test_lost_lock_detected_reported_and_commit_fails(env):
     r, pg, session = env
     rc = r.client()
