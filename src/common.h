@@ -73,6 +73,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "miscadmin.h"
 #include "pgstat.h"
 #include "utils/timestamp.h"
 
@@ -94,6 +95,25 @@
  * PostgreSQL 18's pg_get_loaded_modules() shows (module.c).
  */
 #define RL_VERSION			"1.3"
+
+/*
+ * How much longer a wait made with interrupts held (releases at COMMIT,
+ * ABORT, exit, on error paths) may go on once a cancel or terminate is
+ * pending: for the name's resolution, the connect and again for the reply,
+ * so either ends any call within about a second whatever
+ * redis_lock.connect_timeout and command_timeout say.
+ */
+#define RL_HELD_WAIT_CUT_MS 300
+
+/*
+ * A cancel or terminate came while interrupts are held: it is served once
+ * they are resumed, so the wait must not hold it off for long.
+ */
+static inline bool
+rl_held_wait_interrupted(void)
+{
+	return InterruptHoldoffCount > 0 && (QueryCancelPending || ProcDiePending);
+}
 
 /*
  * A function that never returns.  PostgreSQL 18 replaced the trailing

@@ -630,18 +630,6 @@ rl_raise_call_error(RLCall *call)
 	pg_unreachable();
 }
 
-/*
- * A cancel or terminate came while interrupts are held (a release at
- * COMMIT, ABORT, backend exit or on an error path): it is served once they
- * are resumed, so the wait must not hold it off for long, whatever
- * command_timeout says.
- */
-bool
-rl_held_wait_interrupted(void)
-{
-	return InterruptHoldoffCount > 0 && (QueryCancelPending || ProcDiePending);
-}
-
 /* ----------------------------------------------------------------
  * The replies each connection owes (owed.c sends the calls and reads
  * the replies): their memory, and failing them when the connection goes

@@ -271,6 +271,9 @@ rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char 
 	snprintf(service, sizeof(service), "%d", port);
 	PG_TRY();
 	{
+		TimestampTz end = deadline;
+		bool		cut = false;
+
 		ares_getaddrinfo(ch, host, service, &hints, resolved, &r);
 		while (!r.done)
 		{
@@ -279,9 +282,15 @@ rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char 
 			struct timeval *tvp;
 			long		wait_ms;
 
-			if (now >= deadline)
+			/* with interrupts held, a pending cancel cuts the wait short */
+			if (!cut && rl_held_wait_interrupted())
+			{
+				end = Min(end, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
+				cut = true;
+			}
+			if (now >= end)
 				break;
-			wait_ms = (long) ((deadline - now + 999) / 1000);
+			wait_ms = (long) ((end - now + 999) / 1000);
 			tvp = ares_timeout(ch, NULL, &tv);
 			if (tvp != NULL)
 				wait_ms = Min(wait_ms, (long) (tvp->tv_sec * 1000 + (tvp->tv_usec + 999) / 1000));

@@ -35,14 +35,6 @@ typedef struct RLTarget RLTarget;
 #define RL_MAX_ARGS 16
 
 /*
- * How much longer a round trip made with interrupts held (releases at
- * COMMIT, ABORT, exit, on error paths) may wait once a cancel or terminate
- * is pending, for the connect and again for the reply: so either ends any
- * call within about a second whatever redis_lock.command_timeout says.
- */
-#define RL_HELD_WAIT_CUT_MS 300
-
-/*
  * Why a call got no reply.  Each kind has one fixed message naming the
  * server (or, for RL_FAIL_ROUTE, the key); the reason -- the operating
  * system's, hiredis' or Redis' own text -- is kept apart, for a detail.

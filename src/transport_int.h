@@ -76,7 +76,6 @@ extern bool rl_has_unasked_bytes(RLConn *conn);
 extern RLFailure rl_stream_failure(RLStreamFailure f);
 extern void rl_stream_append_call(RLStream *stream, RLCall *call);
 extern bool rl_has_unsent(const RLConn *conn);
-extern bool rl_held_wait_interrupted(void);
 extern void rl_owed_answer(RLConn *conn, RLReply *r);
 extern void rl_owed_fail_all(RLConn *conn, RLFailure failure, int errcode,
 							 const char *reason);

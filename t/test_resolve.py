@@ -8,7 +8,9 @@ gives the name two addresses.  What each test would catch:
 - getaddrinfo blocking the backend past connect_timeout (5-6 s against a
   DNS server that never answers) and ignoring cancel;
 - a connect to an address that never answers (SYN dropped) failing the
-  whole connect instead of moving on to the next address."""
+  whole connect instead of moving on to the next address;
+- a resolution made with interrupts held (the release after COMMIT on a
+  fresh connection) holding off terminate for connect_timeout."""
 import os
 import socket
 import struct
@@ -65,7 +67,7 @@ class FakeDNS:
         qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
         answers = self.answers if qtype == 1 else []
         header = qid + struct.pack(">HHHHH", 0x8180, 1, len(answers), 0, 0)
-        body = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(a)
+        body = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 0, 4) + socket.inet_aton(a)
                         for a in answers)
         return header + question + body
 
@@ -184,6 +186,64 @@ def test_cancel_and_terminate_end_a_name_resolution_at_once(silent_dns, stop):
     finally:
         admin.close()
         s.close()
+
+
+@pytest.mark.parametrize("stop", ["cancel", "terminate"])
+def test_a_resolution_with_interrupts_held_is_cut_by_cancel_and_terminate(stop):
+    """COMMIT releases an xact lock with interrupts held; its connection was
+    closed by Redis, so the release connects again and resolves the name,
+    now against a DNS server that stopped answering, with a 30 s
+    connect_timeout.  A cancel or terminate then ends the COMMIT within
+    about a second (the held wait is cut to 300 ms), not after 30 s."""
+    redis = testbed.Redis().start()
+    dns = FakeDNS("127.0.0.79", ["127.0.0.1"])
+    pg = None
+    try:
+        pg = server_with_resolver("127.0.0.79", **{
+            "redis_lock.url": "redis://%s:%d/0" % (NAME, redis.port)})
+        rc = redis.client()
+        s = Session(pg)
+        admin = pg.connect()
+        s.run("SET redis_lock.connect_timeout = '30s'")
+        s.run("BEGIN")
+        # a fixed lease: the watchdog worker has nothing to renew, so every
+        # DNS query from now on is the COMMIT's
+        assert s.run("SELECT redis_lock_acquire('held-dns', ttl => '60s', xact => true) > 0")
+        dns.answers = None                       # the DNS server goes silent
+        asked = dns.queries
+        rc.client_kill_filter(_type="normal", skipme=True)
+        s.start("COMMIT")
+        testbed.wait_until(lambda: dns.queries > asked and testbed.sql_one(
+            admin, "SELECT wait_event_type = 'Extension' FROM pg_stat_activity"
+            " WHERE pid = %s", (s.pid,)), 10, 0.01,
+            what="COMMIT's release to resolve the name again")
+        sent = time.monotonic()
+        fn = "pg_cancel_backend" if stop == "cancel" else "pg_terminate_backend"
+        assert testbed.sql_one(admin, "SELECT %s(%%s)" % fn, (s.pid,))
+        if stop == "cancel":
+            s.join(5)            # the transaction had committed: no error
+        testbed.wait_until(lambda: s.finished_at is not None, 5, 0.01,
+                           what="COMMIT to return")
+        took = s.finished_at - sent
+        print("COMMIT ended %.0f ms after the %s" % (took * 1000, stop))
+        assert took < 1.0 * S, "took %.2fs" % took
+        if stop == "terminate":
+            testbed.wait_until(lambda: not testbed.sql_one(
+                admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (s.pid,)),
+                5, 0.01, what="the backend to exit")
+        # the release was not made: the worker makes it once the name
+        # resolves again
+        assert rc.exists("held-dns")
+        dns.answers = ["127.0.0.1"]
+        testbed.wait_until(lambda: not rc.exists("held-dns"), 3, 0.01,
+                           what="the worker to release the lock")
+        admin.close()
+        s.close()
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        dns.close()
+        redis.stop()
 
 
 def test_a_connect_that_times_out_moves_on_to_the_next_address():
