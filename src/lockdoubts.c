@@ -239,6 +239,15 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 		e->releasing = false;
 		if (!e->handed)
 			rl_lt_ndoubts++;
+		else if (proc_exit_inprogress)
+		{
+			/*
+			 * Exiting: the worker has it and keeps it.  Taking it back would
+			 * wait out a command of the worker's with interrupts held, and
+			 * the worker makes the release the entry would be left for.
+			 */
+			continue;
+		}
 		else
 		{
 			bool		ours;
@@ -384,6 +393,39 @@ rl_lt_hand_doubts_to_worker(void)
 		else if (e->registry_slot >= 0)
 			rl_lt_hand_to_worker(e);
 	}
+}
+
+/*
+ * At an abort (with preloading), the releases rl_lt_release_later could not
+ * send on a connection ready for them go to the watchdog worker as doubts
+ * instead of being made here: their round trip would open a connection
+ * with interrupts held, for up to connect_timeout, right after the cancel
+ * that caused the abort was served (nothing pending is left to cut it
+ * short).  The worker deletes each (if still ours) as soon as Redis
+ * answers.  Returns how many entries are left for the caller, compacted at
+ * the front: all of them without preloading, those without a registry slot.
+ */
+int
+rl_lt_hand_unsent_to_worker(RLHeld **ents, int n)
+{
+	int			left = 0;
+	int			i;
+
+	if (!rl_watchdog_enabled())
+		return n;
+	for (i = 0; i < n; i++)
+	{
+		RLHeld	   *e = ents[i];
+
+		if (e->registry_slot < 0)
+		{
+			ents[left++] = e;
+			continue;
+		}
+		rl_lt_became_doubt(e);
+		rl_lt_hand_to_worker(e);
+	}
+	return left;
 }
 
 /*

@@ -95,6 +95,7 @@ extern int	rl_lt_release_later(RLHeld **ents, int n);
 extern void rl_lt_settle_pending(bool interruptible, bool send_again);
 extern void rl_lt_reclaim_releasing(RLHeld *e);
 extern void rl_lt_hand_doubts_to_worker(void);
+extern int	rl_lt_hand_unsent_to_worker(RLHeld **ents, int n);
 extern void rl_lt_clean_dirty_subs(void);
 extern void rl_lt_leave_queues(void);
 

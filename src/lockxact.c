@@ -139,9 +139,13 @@ keep_unreachable_as_doubts(RLHeld **ents, int n)
 	return k;
 }
 
-/* At COMMIT or ABORT: drop transaction holds and release what is free */
+/*
+ * At COMMIT or ABORT: drop transaction holds and release what is free; at
+ * an abort, what cannot be sent at once goes to the worker
+ * (rl_lt_hand_unsent_to_worker).
+ */
 static void
-end_of_xact(void)
+end_of_xact(bool abort)
 {
 	RLHeld	  **ents;
 	int			n;
@@ -172,6 +176,8 @@ end_of_xact(void)
 	 */
 	n = keep_unreachable_as_doubts(ents, n);
 	n = rl_lt_release_later(ents, n);
+	if (abort)
+		n = rl_lt_hand_unsent_to_worker(ents, n);
 	rl_lt_release_soft(ents, n, rl_lt_warn_for_all(n), false);
 	if (rl_lt_ndirty_subs > 0)
 		rl_lt_clean_dirty_subs();
@@ -205,7 +211,7 @@ redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 			/* a wait cut short by an error gives up its local seat */
 			rl_waitq_leave();
-			end_of_xact();
+			end_of_xact(event == XACT_EVENT_ABORT);
 			/* a call cut short left a doubt: the worker settles it now */
 			rl_lt_hand_doubts_to_worker();
 			break;
@@ -236,6 +242,7 @@ release_subxact_holds(SubTransactionId mySubid)
 			rl_lt_drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
 	}
 	n = rl_lt_release_later(ents, n);
+	n = rl_lt_hand_unsent_to_worker(ents, n);
 	rl_lt_release_soft(ents, n, rl_lt_warn_for_all(n), false);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(rl_lt_work_cxt);

@@ -548,6 +548,53 @@ def test_single_node_exit_with_an_owed_release_into_a_frozen_redis(single):
         s.close()
 
 
+def test_exit_does_not_wait_for_the_workers_release_under_way():
+    """A session's release after COMMIT goes unanswered (Redis froze); the
+    session idles until the worker takes the release over and sends it,
+    with the worker's 3 s command_timeout, into the frozen Redis.  A
+    terminate now is served at once: the exit leaves the release with the
+    worker instead of waiting out the worker's command with interrupts
+    held.  The lock is released once Redis answers."""
+    redis = testbed.Redis().start()
+    proxy = testbed.DelayProxy(redis.port, 0.0).start()
+    pg = fresh_pg(**{"redis_lock.url": proxy.url, "redis_lock.command_timeout": "3s"})
+    s = Session(pg)
+    admin = pg.connect()
+    resumed = False
+    try:
+        s.run("SET redis_lock.command_timeout = '300ms'")
+        s.run("SET redis_lock.verify_on_commit = off")
+        s.run("BEGIN")
+        s.run("SELECT redis_lock_acquire('m-worker-exit', xact => true, ttl => '60s')")
+        before = proxy.chunks_in
+        redis.pause()
+        s.run("COMMIT")
+        # the session's release, then (after twice its 300 ms) the worker's
+        testbed.wait_until(lambda: proxy.chunks_in >= before + 2, 10, 0.01,
+                           what="the worker to send the release into the frozen Redis")
+        t0 = time.monotonic()
+        assert testbed.sql_one(admin, "SELECT pg_terminate_backend(%s)", (s.pid,))
+        testbed.wait_until(lambda: not testbed.sql_one(
+            admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (s.pid,)),
+            5, 0.01, what="terminated backend to exit")
+        el = time.monotonic() - t0
+        print("\nexit took %.2f s" % el)
+        assert el < 1.0 * S, "exit took %.2f s" % el
+        redis.resume()
+        resumed = True
+        rc = redis.client()
+        testbed.wait_until(lambda: not rc.exists("m-worker-exit"), 8, 0.01,
+                           what="the worker to release the lock")
+    finally:
+        if not resumed:
+            redis.resume()
+        admin.close()
+        s.close()
+        pg.cleanup()
+        proxy.stop()
+        redis.stop()
+
+
 # ================================================================ Sentinel down
 
 @pytest.fixture(scope="module")

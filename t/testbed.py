@@ -451,6 +451,7 @@ class DelayProxy:
         self.target_port = target_port
         self.delay = delay_s
         self.held = False
+        self.chunks_in = 0          # chunks read from clients, for tests to poll
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -481,6 +482,8 @@ class DelayProxy:
                 data = await reader.read(65536)
                 if not data:
                     break
+                if not replies:
+                    self.chunks_in += 1
                 queue.put_nowait((loop.time() + self.delay, data))
             queue.put_nowait((0, None))
             await sender
