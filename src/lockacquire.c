@@ -553,6 +553,23 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	refuse_unsupported_layout(mode, name);
 
 	e = rl_lt_entry_find(mode, name);
+
+	/*
+	 * Its release on its way, the lock is taken again behind local waiters:
+	 * it queues below without an attempt of its own, so nothing of its own
+	 * would follow that release on the connection.  Should the release not
+	 * have run (NOSCRIPT, a redirection), the waiters would find our token
+	 * until our turn comes, behind them.  So its answer is waited for
+	 * (interruptible, within its deadline) and the release settled, sent
+	 * again if it did not run, before the lock is taken again.
+	 */
+	if (e != NULL && e->releasing && wait_ms > 0 && rl_waitq_any() &&
+		rl_waitq_has_waiters(local_queue_id(e)))
+	{
+		rl_wait_owed(rl_command_timeout_ms);
+		rl_lt_settle_pending(true, true);
+		e = rl_lt_entry_find(mode, name);
+	}
 	if (e != NULL && e->releasing)
 	{
 		rl_lt_reclaim_releasing(e);

@@ -202,6 +202,38 @@ def test_reacquire_behind_a_release_that_did_not_run(env):
     assert warnings(s) == []
 
 
+def test_reacquire_behind_waiters_and_a_release_that_did_not_run(env):
+    """As above, but another session of the server waits for the lock: the
+    acquire queues behind it without an attempt of its own.  The release
+    that did not run (NOSCRIPT) must then be sent again before it queues:
+    otherwise the key keeps the old token, the waiter finds it busy until
+    its wait runs out, and the session that would settle it sits behind."""
+    rc, pg, session = env
+    s, waiter = session(), session()
+    s.run("SET redis_lock.verify_on_commit = off")
+    s.run("BEGIN")
+    s.run("SELECT redis_lock_acquire('a-noscript3', xact => true, ttl => '60s')")
+    waiter.start("SELECT redis_lock_acquire('a-noscript3', wait => '20s')")
+    channel = "redis_lock:release:{a-noscript3}"
+    testbed.wait_until(lambda: dict(rc.pubsub_numsub(channel)).get(channel.encode()) == 1,
+                       10, 0.01, what="the waiter to queue and subscribe")
+    s.run("COMMIT")
+    rc.script_flush()                   # the release is still in the proxy
+    s.start("SELECT redis_lock_acquire('a-noscript3', wait => '20s')")
+    t0 = time.monotonic()
+    waiter.join(25)
+    assert waiter.error is None and waiter.result, waiter.error
+    took = waiter.finished_at - t0
+    print("\nthe waiter got the lock %.2f s after the re-acquire" % took)
+    assert took < 10 * RTT * S, "the waiter waited %.2f s: the old token stayed" % took
+    assert s.thread.is_alive(), "the re-acquire did not queue behind the waiter"
+    assert waiter.run("SELECT redis_lock_release('a-noscript3')")
+    s.join(10)
+    assert s.error is None and s.result, s.error
+    assert s.run("SELECT redis_lock_release('a-noscript3')")
+    assert warnings(s) == []
+
+
 def test_a_settings_change_waits_for_the_owed_release_before_reconnecting(env):
     """A setting that makes the next call reconnect (here the same URL set
     again) while a release's reply is on its way: the old connection is
