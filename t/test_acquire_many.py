@@ -460,6 +460,25 @@ def redlock():
         m.stop()
 
 
+def test_redlock_opposite_orders_in_parallel_never_deadlock(redlock):
+    """On three masters two sessions may split a set's votes (each a
+    majority of none): each gives its grants back and waits, so they
+    neither deadlock nor livelock, and every hold still excludes the other."""
+    masters, pg = redlock
+    for m in masters:
+        m.client().flushall()
+    made = []
+
+    def sessions():
+        made.append(Session(pg))
+        return made[-1]
+    try:
+        opposite_orders(sessions, ["ro1", "ro2", "ro3"], 50)
+    finally:
+        for s in made:
+            s.close()
+
+
 def test_redlock_majority_and_give_back_below_quorum(redlock):
     masters, pg = redlock
     clients = [m.client() for m in masters]
