@@ -17,7 +17,8 @@ For every tool and both kinds of migration:
 
 (a) the service holds the lock: the migration waits, and runs after the
     service let go (the service's row, written while the migration waited,
-    is backfilled);
+    is backfilled); the same for the non-transactional migration alone
+    (the first one already deployed): it waits, then builds the index;
 (b)+(d) the migration holds the lock for two and a half leases of 1 s while
     a transaction of the service keeps it from finishing (a write the
     ALTER TABLE waits for; a snapshot CREATE INDEX CONCURRENTLY waits for):
@@ -412,6 +413,34 @@ def test_migration_waits_for_the_service_holding_the_lock(tool, service, pg, db,
     assert sql(pg, db, "SELECT total_cents FROM orders WHERE customer = 'service'") == 300
     assert index_valid(pg, db) is True
     assert rc.exists(LOCK) == 0
+
+
+def test_non_transactional_migration_waits_for_the_service_holding_the_lock(
+        tool, service, pg, db, rc):
+    code, out = tool.start(pg, db, first_only=True).finish()
+    assert code == 0, out
+    service.hold()
+    run = tool.start(pg, db)        # only the CREATE INDEX CONCURRENTLY is left
+    testbed.wait_until(lambda: waiting_session(pg, db, "Extension") or not run.running(),
+                       RUN_WAIT, what="the migration to wait for the lock")
+    assert run.running(), run.output()
+    assert sql(pg, db, "SELECT to_regclass('orders_customer_idx') IS NULL"), \
+        "the index was begun while the service held the lock"
+    service.release()
+    code, out = run.finish()
+    assert code == 0, out
+    assert index_valid(pg, db) is True
+    assert rc.exists(LOCK) == 0
+
+
+def test_sqitch_is_the_version_the_docs_name():
+    """sqitch comes from Debian (apt, scripts/install-deps), not pinned by
+    a lock file: the version doc/migrations.md names is checked here."""
+    out = subprocess.run([_need(shutil.which("sqitch") or "/usr/bin/sqitch"), "--version"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "v1.3.1" in out, out
+    with open(os.path.join(HERE, "..", "doc", "migrations.md")) as f:
+        assert "| sqitch 1.3.1 (psql) | Debian bookworm |" in f.read()
 
 
 # ================================================================ (b) + (d)
