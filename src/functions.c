@@ -104,10 +104,14 @@ arg_interval_ms(FunctionCallInfo fcinfo, int argno, const char *what,
 #endif
 	ms = (double) iv->month * DAYS_PER_MONTH * SECS_PER_DAY * 1000.0 +
 		(double) iv->day * SECS_PER_DAY * 1000.0 + (double) iv->time / 1000.0;
-	if (ms < 0 || (!zero_ok && ms <= 0))
+	if (ms < 0 && zero_ok)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg(zero_ok ? "%s must not be negative" : "%s must be positive", what)));
+				 errmsg("%s must not be negative", what)));
+	if (ms <= 0 && !zero_ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be positive", what)));
 	if (ms > (double) RL_MAX_MS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

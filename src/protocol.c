@@ -319,7 +319,7 @@ token_random_bytes(void)
 		if (!pg_strong_random(pool, sizeof(pool)))
 			ereport(ERROR,
 					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random lock token")));
+					 errmsg("could not generate a random owner value for a Redis lock")));
 		next = 0;
 		pool_pid = MyProcPid;
 	}
