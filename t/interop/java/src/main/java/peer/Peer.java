@@ -31,6 +31,8 @@
  * Several RLocks as one (RedissonMultiLock), KEYS = KEY[,KEY...]:
  * multilock KEYS [LEASE_MS]; multitrylock KEYS WAIT_MS LEASE_MS;
  * multiunlock KEYS.
+ * The README's quick start: export HOLD_MS runs exportOrders() (the lock
+ * "orders:export") with an export that takes HOLD_MS.
  * Timing (bench/run's latency section): cycles KEY N LEASE_MS [CLIENT] runs
  * N acquire+release cycles of the RLock KEY on the calling thread, with the
  * RedissonClient of the CLIENT-th PORT (from 0; default 0), lock() and
@@ -227,6 +229,10 @@ public final class Peer {
                 multiLock(key).unlock();
                 return true;
             // README: end
+            case "export":
+                /* the README's quick start: export() holds the lock HOLD_MS */
+                exportOrders(redisson, () -> sleepMs(Long.parseLong(key)));
+                return true;
             case "cycles":
                 return cycles(clients.get(f.length > 6 ? Integer.parseInt(f[6]) : 0), key,
                               Integer.parseInt(f[4]), Long.parseLong(f[5]));
@@ -242,6 +248,26 @@ public final class Peer {
                 return jedisUnlock(key);
             default:
                 throw new IllegalArgumentException("unknown op " + op);
+        }
+    }
+
+    // README: redisson-quickstart
+    static void exportOrders(RedissonClient redisson, Runnable export) {
+        RLock lock = redisson.getLock("orders:export");
+        lock.lock();            // Redisson's watchdog renews it while export() runs
+        try {
+            export.run();
+        } finally {
+            lock.unlock();
+        }
+    }
+    // README: end
+
+    private static void sleepMs(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
         }
     }
 
