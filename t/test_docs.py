@@ -74,13 +74,28 @@ def anchors(path):
 
 
 def links(path):
-    for n, line in prose_lines(read(path)):
+    return links_in(read(path))
+
+
+def links_in(text):
+    """(line number, target) of every markdown link in text's prose."""
+    prev = None
+    for n, line in prose_lines(text):
         line = re.sub(r"`[^`]*`", "", line)          # not in inline code
         line = re.sub(r"<!--.*?-->", "", line)
         for m in re.finditer(r"!?\[[^\]]*\]\(([^)\s]+)\)", line):
             yield n, m.group(1)
-    # a link text may span two lines: [text
-    # more](target) -- the target is on the second line, found above
+        # a link text may span two lines: [text
+        # more](target)
+        if prev is not None:
+            for m in re.finditer(r"!?\[[^\]\[]*\n[^\]\[]*\]\(([^)\s]+)\)", prev + "\n" + line):
+                yield n, m.group(1)
+        prev = line
+
+
+def test_a_link_whose_text_spans_two_lines_is_checked():
+    text = "See [the first\nsecond](nowhere.md#x) and [one](here.md).\n"
+    assert sorted(t for _, t in links_in(text)) == ["here.md", "nowhere.md#x"]
 
 
 def test_every_link_and_anchor_resolves():
