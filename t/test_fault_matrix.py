@@ -404,27 +404,48 @@ ASYNC_FAULTS = {
 }
 
 
+# how the release nobody waits for is sent: (setup, the statement, how many
+# round trips the statement itself waits for)
+# (a statement that waits for a round trip behind the delay gets a longer
+# command_timeout than the module's, which a whole round trip would exceed)
+ASYNC_PATHS = {
+    "commit": (["SET redis_lock.verify_on_commit = off", "BEGIN",
+                "SELECT redis_lock_acquire('m-async', xact => true)"], "COMMIT", 0),
+    "commit-verify": (["SET redis_lock.command_timeout = '2s'",
+                       "SET redis_lock.verify_on_commit = on", "BEGIN",
+                       "SELECT redis_lock_acquire('m-async', xact => true)"], "COMMIT", 1),
+    "with_lock": (["SET redis_lock.command_timeout = '2s'"],
+                  "SELECT redis_lock_with_lock('m-async', 'SELECT 1')", 1),
+}
+
+
+@pytest.mark.parametrize("path", sorted(ASYNC_PATHS))
 @pytest.mark.parametrize("fault", sorted(ASYNC_FAULTS))
-def test_single_node_unanswered_async_release(single, fault):
-    """The release after COMMIT is sent, then its reply never comes or is an
-    error: COMMIT has returned already; the next call says so (a WARNING, as
-    COMMIT said before), the session holds nothing, and once healed Redis
-    holds nothing of ours (the worker settles the doubt)."""
+def test_single_node_unanswered_async_release(single, fault, path):
+    """The release after COMMIT (with or without its verify) or at the end of
+    redis_lock_with_lock is sent, then its reply never comes or is an
+    error: the statement has returned already, having waited only for its
+    own round trips; the next call says so (a WARNING), the session holds
+    nothing, and once healed Redis holds nothing of ours (the worker
+    settles the doubt)."""
     env = single
     rc = env.client()
     rc.flushall()
     s = Session(env.pg)
     apply, expected = ASYNC_FAULTS[fault]
+    setup, statement, waited = ASYNC_PATHS[path]
     heal = None
     try:
-        s.run("SET redis_lock.verify_on_commit = off")
-        s.run("BEGIN")
-        s.run("SELECT redis_lock_acquire('m-async', xact => true)")
+        for q in setup:
+            s.run(q)
         env.proxy.delay = ASYNC_DELAY
-        el, code = timed(lambda: run_expect(s, "COMMIT", ()))
+        el, code = timed(lambda: run_expect(s, statement, ()))
         heal = apply(env, s, rc)
         env.proxy.delay = 0.0
-        assert el < ASYNC_DELAY, "COMMIT waited %.2fs for the release's reply" % el
+        # each round trip waited for costs two delays; the release's reply
+        # would cost two more
+        assert el < (2 * waited + 1) * ASYNC_DELAY, \
+            "%s waited %.2fs: it waited for the release's reply" % (statement, el)
         del s.conn.notices[:]
 
         def warned():
