@@ -2,10 +2,15 @@
 test bed runs (scripts/matrix runs this file on every major):
 
 - on 18 and later the module reports its name and version
-  (PG_MODULE_MAGIC_EXT) through pg_get_loaded_modules();
-- on 17 and later a backend waiting for a Redis lock shows the lock's own
-  wait event (RedisLockRelease, RedisLockQueue) in pg_stat_activity, before
-  17 the generic Extension one.
+  (PG_MODULE_MAGIC_EXT) through pg_get_loaded_modules(); before 18 that
+  function does not exist;
+- on 17 and later a backend waiting for a lock another session holds shows
+  our RedisLockRelease wait event in pg_stat_activity, before 17 the
+  generic Extension one (the other wait events of ours, RedisLockQueue
+  among them, are not asserted here);
+- on 15 and later the hidden settings (the passwords) are kept out of
+  postgresql.conf.sample as well as SHOW ALL (pg_settings_get_flags());
+  skipped before 15.
 
 Each test asserts what its major must show, so none of them passes on a
 server that shows something else."""
