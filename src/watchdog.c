@@ -673,16 +673,18 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 }
 
 /*
- * Order of jobs: retries last, then jobs of failing targets, then (when
- * grouping by target) by target, then by deadline; see worker_cycle.
+ * Order of jobs: jobs of failing targets last, then within each, retries
+ * last, then (when grouping by target) by target, then by deadline; see
+ * worker_cycle.  A target that does not answer thus never holds up the
+ * retries (doubts among them) of one that does within a cycle.
  */
 static int
 job_order(const Job *x, const Job *y, bool by_target)
 {
-	if (x->retry != y->retry)
-		return x->retry ? 1 : -1;
 	if (x->failing != y->failing)
 		return x->failing ? 1 : -1;
+	if (x->retry != y->retry)
+		return x->retry ? 1 : -1;
 	if (by_target && x->target != y->target)
 		return x->target < y->target ? -1 : 1;
 	if (x->due != y->due)
@@ -907,9 +909,9 @@ copy_job_names(Job *jobs, int njobs, RLSharedTarget *targets)
 }
 
 /*
- * Run the jobs taken, a group at a time: slots doing fine first, those
- * whose last attempt failed last; within each, targets that answered last
- * time first; per target by deadline.
+ * Run the jobs taken, a group at a time: targets that answered last time
+ * first, those that did not last; within each, slots doing fine first,
+ * those whose last attempt failed after them; per target by deadline.
  */
 static void
 run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
@@ -933,11 +935,15 @@ run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
  * One cycle: renew what is due, release what exited backends left.  The
  * registry's lock is held (shared) to find what is due, again to copy the
  * names of the jobs taken, and (exclusive) per round to apply its results;
- * never while names are built, jobs sorted or Redis asked.  Slots whose
- * last attempt failed wait out their back-off and go last; the others go
- * first, targets that answered last time before those that did not, so
- * that a target that is down (or slow to answer) delays the healthy ones at
- * most once, when it starts failing.  Within a target, jobs go by deadline,
+ * never while names are built, jobs sorted or Redis asked.  Targets that
+ * answered last time go first, those that did not last, so that a target
+ * that is down (or slow to answer) delays the work of the healthy ones
+ * within a cycle at most once, when it starts failing; within each, slots
+ * whose last attempt failed wait out their back-off and go after the
+ * others.  Targets are served one after another: what the attempts on a
+ * failing target cost (up to its connect and command timeouts, each time
+ * its back-off lets one through) still delays the next cycle.  Within a
+ * target, jobs go by deadline,
  * in rounds of RL_WATCHDOG_BATCH.  A cycle takes the RL_WATCHDOG_CYCLE_JOBS
  * most urgent jobs; the rest wait for the next cycle, which follows at once.
  * Returns how long to sleep until something else is due.
