@@ -6,6 +6,7 @@ import time
 import psycopg2
 import pytest
 
+from checks import report_latency
 from conftest import Session, wait_for_wait_event
 from peers import RedlockPeer
 import testbed
@@ -126,7 +127,10 @@ def test_redlock_waiter_is_woken_by_release(rl_env):
     released = time.monotonic()
     b.join()
     assert b.error is None and b.result is True
-    assert b.finished_at - released < 0.1
+    report_latency("Redlock", "SQL release -> SQL waiter, 5 masters", b.finished_at - released)
+    # woken by the release's message, not the 1 s poll of a holder that
+    # publishes (nor its lease)
+    assert b.finished_at - released < testbed.WAKE_BOUND
     b.run("SELECT redis_lock_release('handover')")
 
 
