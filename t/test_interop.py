@@ -97,7 +97,9 @@ def test_keyspace_notifications_wake_a_sql_waiter_behind_redis_py(sessions, rc):
                    "redis-py release -> SQL waiter, keyspace notifications on (p50)", p50_on)
     report_latency("redis-py " + redis.__version__,
                    "redis-py release -> SQL waiter, keyspace notifications off (p50)", p50_off)
-    assert p50_on < 0.005, on
+    # the notification, not the poll, woke it: the poll (8 ms doubling to
+    # 100 ms, after 0.3 s of waiting) is what the 'off' run measures
+    assert p50_on < testbed.WAKE_BOUND, on
     assert p50_off > 2 * p50_on, (on, off)
 
 
