@@ -452,6 +452,9 @@ class DelayProxy:
         self.delay = delay_s
         self.held = False
         self.chunks_in = 0          # chunks read from clients, for tests to poll
+        # deliver what a client sent even after it reset the connection (a
+        # command still on the network when its sender gave up on it)
+        self.deliver_after_reset = False
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -488,7 +491,12 @@ class DelayProxy:
             queue.put_nowait((0, None))
             await sender
         except (ConnectionError, OSError):
-            pass
+            if self.deliver_after_reset and not replies:
+                queue.put_nowait((0, None))
+                try:
+                    await sender
+                except (ConnectionError, OSError):
+                    pass
         finally:
             sender.cancel()
             writer.close()
