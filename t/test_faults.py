@@ -115,6 +115,38 @@ def test_rollback_to_savepoint_with_redis_frozen_warns_and_is_bounded(own_redis,
     s.close()
 
 
+def test_rollback_to_savepoint_on_a_closed_connection_hands_the_release_to_the_worker(
+        own_redis, own_pg):
+    """The session's connection was closed by Redis, then Redis froze: at
+    ROLLBACK TO SAVEPOINT (interrupts held) the release is not made on a new
+    connection, which would wait out the timeouts, but handed to the
+    worker: the statement returns at once, without a WARNING, and the
+    worker deletes the lock once Redis answers while the session idles."""
+    rc = own_redis.client()
+    s = Session(own_pg)
+    s.run("SET redis_lock.command_timeout = '2s'")
+    s.run("SET redis_lock.connect_timeout = '2s'")
+    s.run("BEGIN")
+    s.run("SAVEPOINT a")
+    assert s.run("SELECT redis_lock_acquire('sp-closed', xact => true, ttl => '60s') > 0")
+    released = released_by_worker(rc, "sp-closed")
+    rc.client_kill_filter(_type="normal", skipme=True)
+    own_redis.pause()
+    try:
+        t0 = time.monotonic()
+        s.run("ROLLBACK TO SAVEPOINT a")
+        el = time.monotonic() - t0
+        assert el < 1.0 * S, "ROLLBACK TO SAVEPOINT waited %.2f s" % el
+        assert not [n for n in s.conn.notices if "WARNING" in n], s.conn.notices
+    finally:
+        own_redis.resume()
+    wait_released(released, 5 * S)
+    assert rc.exists("sp-closed") == 0
+    s.run("COMMIT")
+    assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+    s.close()
+
+
 def test_redis_restart_reconnects_and_reports_vanished_locks(own_redis, own_pg):
     rc = own_redis.client()
     s = Session(own_pg)
