@@ -188,6 +188,29 @@ def test_a_sql_holders_release_wakes_the_waiter(sessions, rc):
         assert b.run("SELECT redis_lock_release_many(ARRAY['p1', 'p2', 'p3'])") == 3
 
 
+def test_the_wait_follows_the_next_busy_lock_of_the_set(sessions, rc):
+    """Two locks of the set are busy: the release of the one that stopped
+    the attempt wakes the waiter, whose next attempt is stopped by the
+    other; the wait follows that one, and its release wakes it too."""
+    a, b, w, admin = sessions(), sessions(), sessions(), sessions()
+    a.run("SELECT redis_lock_acquire('q1')")
+    b.run("SELECT redis_lock_acquire('q3')")
+    w.start("SELECT redis_lock_acquire_many(ARRAY['q1', 'q2', 'q3'], wait => '20s')")
+    wait_for_wait_event(admin.conn, w.pid)
+    for holder, name in ((a, "q1"), (b, "q3")):
+        # without the wake-up the waiter would sleep 1 s between attempts
+        channel = "redis_lock:release:{%s}" % name
+        testbed.wait_until(lambda: dict(rc.pubsub_numsub(channel)).get(channel.encode()) == 1,
+                           10, 0.01, what="the waiter to listen for " + name)
+        assert w.thread.is_alive()
+        t0 = time.monotonic()
+        assert holder.run("SELECT redis_lock_release(%s)", (name,))
+    w.join()
+    assert w.error is None and len(w.result) == 3
+    assert w.finished_at - t0 < 0.3 * S
+    assert w.run("SELECT redis_lock_release_many(ARRAY['q1', 'q2', 'q3'])") == 3
+
+
 def test_a_foreign_clients_delete_wakes_the_waiter_by_keyspace_event(sessions, rc):
     a, admin = sessions(), sessions()
     rc.config_set("notify-keyspace-events", "Kgx")
