@@ -401,12 +401,6 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 {
 	RLHeld	   *e = doubt;
 
-	/* settled by the worker meanwhile: nothing of it is left */
-	if (e != NULL && e->handed && !rl_lt_take_back_from_worker(e))
-	{
-		rl_lt_entry_remove(e);
-		e = NULL;
-	}
 	if (e != NULL)
 	{
 		RLLockNames probe;
@@ -419,9 +413,19 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 			e->names.script_free != probe.script_free ||
 			strcmp(e->names.key, probe.key) != 0)
 		{
-			rl_lt_entry_remove(e);
+			/* not for these settings: one the worker has stays its own */
+			if (e->handed)
+				rl_lt_entry_leave_to_worker(e);
+			else
+				rl_lt_entry_remove(e);
 			e = NULL;
 		}
+	}
+	/* settled by the worker meanwhile: nothing of it is left */
+	if (e != NULL && e->handed && !rl_lt_take_back_from_worker(e))
+	{
+		rl_lt_entry_remove(e);
+		e = NULL;
 	}
 	if (e == NULL)
 		e = rl_lt_entry_create(mode, name);
@@ -568,6 +572,21 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	{
 		rl_wait_owed(rl_command_timeout_ms);
 		rl_lt_settle_pending(true, true);
+		e = rl_lt_entry_find(mode, name);
+	}
+	/*
+	 * The same behind local waiters when its release went to the worker at
+	 * an abort (its connection was not ready then): that release is made
+	 * now, interruptibly, as the abort would have made it, so that the
+	 * waiters are served first and never find our owner value.
+	 */
+	if (e != NULL && e->release_handed && wait_ms > 0 && rl_waitq_any() &&
+		rl_waitq_has_waiters(local_queue_id(e)))
+	{
+		if (rl_lt_take_back_from_worker(e))
+			rl_lt_release_soft(&e, 1, NULL, true);
+		else
+			rl_lt_entry_remove(e);
 		e = rl_lt_entry_find(mode, name);
 	}
 	if (e != NULL && e->releasing)

@@ -397,8 +397,8 @@ rl_lt_hand_doubts_to_worker(void)
 
 /*
  * At an abort (with preloading), the releases rl_lt_release_later could not
- * send on a connection ready for them go to the watchdog worker as doubts
- * instead of being made here: their round trip would open a connection
+ * send on a connection ready for them (doubts already, rl_lt_drop_holds)
+ * go to the watchdog worker instead of being made here: their round trip would open a connection
  * with interrupts held, for up to connect_timeout, right after the cancel
  * that caused the abort was served (nothing pending is left to cut it
  * short).  The worker deletes each (if still ours) as soon as Redis
@@ -422,8 +422,8 @@ rl_lt_hand_unsent_to_worker(RLHeld **ents, int n)
 			ents[left++] = e;
 			continue;
 		}
-		rl_lt_became_doubt(e);
 		rl_lt_hand_to_worker(e);
+		e->release_handed = true;
 	}
 	return left;
 }

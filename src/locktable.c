@@ -272,6 +272,7 @@ rl_lt_take_back_from_worker(RLHeld *e)
 
 	Assert(e->handed);
 	e->handed = false;
+	e->release_handed = false;
 	rl_lt_nhanded--;
 	rl_lt_ndoubts++;
 	if (!ours)
@@ -304,6 +305,24 @@ rl_lt_entry_remove(RLHeld *e)
 		rl_lt_nqueued--;				/* its queue entry times out by itself */
 	if (e->registry_slot >= 0)
 		rl_lt_registry_drop(e);
+	free_names(&e->names);
+	hash_search(rl_lt_held, e->hkey, HASH_REMOVE, NULL);
+}
+
+/*
+ * Forget a handed doubt here and leave its release to the worker, whose
+ * registry slot it keeps: for an entry the settings no longer describe, so
+ * that an entry of the same name can be made for them.
+ */
+void
+rl_lt_entry_leave_to_worker(RLHeld *e)
+{
+	Assert(e->handed && RL_HOLDS(e) == 0 && !e->releasing);
+	e->handed = false;
+	rl_lt_nhanded--;
+	e->registry_slot = -1;
+	if (e->queued_ms > 0)
+		rl_lt_nqueued--;
 	free_names(&e->names);
 	hash_search(rl_lt_held, e->hkey, HASH_REMOVE, NULL);
 }

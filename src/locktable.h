@@ -60,6 +60,9 @@ typedef struct RLHeld
 	bool		handed;			/* doubt handed to the watchdog worker, whose
 								 * registry_slot it is until taken back */
 	uint32		handed_gen;		/* the slot's generation when handed */
+	bool		release_handed; /* handed: the release of a lock it held,
+								 * not made at an abort
+								 * (rl_lt_hand_unsent_to_worker) */
 	bool		releasing;		/* no holds; its release was sent and its
 								 * answer is still to come (PendingRelease) */
 	uint64		serial;			/* tells this entry from a later one of the

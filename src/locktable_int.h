@@ -66,6 +66,7 @@ extern RLHeld *rl_lt_entry_create(RLLockMode mode, const char *name);
 extern void rl_lt_registry_sync(RLHeld *e, bool refreshed);
 extern void rl_lt_registry_drop(RLHeld *e);
 extern void rl_lt_hand_to_worker(RLHeld *e);
+extern void rl_lt_entry_leave_to_worker(RLHeld *e);
 extern bool rl_lt_take_back_from_worker(RLHeld *e);
 extern bool rl_lt_registry_says_lost(RLHeld *e);
 extern void rl_lt_entry_remove(RLHeld *e);

@@ -230,6 +230,14 @@ channel_init(ares_channel *ch, Resolution *r)
 }
 
 /*
+ * When the resolutions made while a cancel or terminate is pending with
+ * interrupts held must end (0: none pending): one bound for all of them, so
+ * that the several names of one wait (Redlock masters, Sentinels) share
+ * RL_HELD_WAIT_CUT_MS rather than get it each.
+ */
+static TimestampTz held_cut_at = 0;
+
+/*
  * The addresses of host (IPv4 first, then IPv6) with port, palloc'd in the
  * current memory context into *out; their number, or 0 with *why set when
  * the name cannot be resolved by deadline.  Cancel and terminate interrupt
@@ -272,8 +280,9 @@ rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char 
 	PG_TRY();
 	{
 		TimestampTz end = deadline;
-		bool		cut = false;
 
+		if (!rl_held_wait_interrupted())
+			held_cut_at = 0;
 		ares_getaddrinfo(ch, host, service, &hints, resolved, &r);
 		while (!r.done)
 		{
@@ -283,10 +292,11 @@ rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char 
 			long		wait_ms;
 
 			/* with interrupts held, a pending cancel cuts the wait short */
-			if (!cut && rl_held_wait_interrupted())
+			if (rl_held_wait_interrupted())
 			{
-				end = Min(end, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
-				cut = true;
+				if (held_cut_at == 0)
+					held_cut_at = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
+				end = Min(end, held_cut_at);
 			}
 			if (now >= end)
 				break;

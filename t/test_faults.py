@@ -1,11 +1,13 @@
 """Redis failing under a session: unknown outcomes, dead connections, restarts."""
 import os
+import signal
 import time
 
 import psycopg2
 import pytest
 
 from conftest import Session, wait_for_wait_event
+from renewals import watchdog_pid
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -145,6 +147,45 @@ def test_rollback_to_savepoint_on_a_closed_connection_hands_the_release_to_the_w
     s.run("COMMIT")
     assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
     s.close()
+
+
+def test_a_lock_taken_again_after_its_release_went_to_the_worker_queues_behind_waiters(
+        own_redis, own_pg):
+    """A's ROLLBACK hands its release to the worker (A's connection was
+    closed by Redis), and A asks for the lock again at once while B, another
+    backend of the server, waits for it.  The worker is stopped, so nothing
+    else releases it: A must make its release itself and queue behind B, not
+    take the lock again with its own owner value still in Redis."""
+    rc = own_redis.client()
+    a, b = Session(own_pg), Session(own_pg)
+    admin = own_pg.connect()
+    worker = watchdog_pid(own_pg.postmaster_pid())
+    assert worker, "no watchdog worker"
+    try:
+        a.run("BEGIN")
+        assert a.run("SELECT redis_lock_acquire('aw', xact => true, ttl => '60s') > 0")
+        b.start("SELECT redis_lock_acquire('aw', wait => '20s') > 0")
+        channel = "redis_lock:release:{aw}"
+        testbed.wait_until(lambda: dict(rc.pubsub_numsub(channel)).get(channel.encode()) == 1,
+                           10, 0.01, what="B to queue and subscribe")
+        for c in rc.client_list():
+            if c.get("name") == "redis_lock:%d" % a.pid:
+                rc.execute_command("CLIENT", "KILL", "ID", c["id"])
+        os.kill(worker, signal.SIGSTOP)
+        a.run("ROLLBACK")
+        a.start("SELECT redis_lock_acquire('aw', wait => '20s') > 0")
+        b.join(10)
+        assert b.error is None and b.result is True, b.error
+        assert a.thread.is_alive(), "A took the lock again ahead of B"
+        assert b.run("SELECT redis_lock_release('aw')") is True
+        a.join(10)
+        assert a.error is None and a.result is True, a.error
+        assert a.run("SELECT redis_lock_release('aw')") is True
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        admin.close()
+        a.close()
+        b.close()
 
 
 def test_redis_restart_reconnects_and_reports_vanished_locks(own_redis, own_pg):
