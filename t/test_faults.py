@@ -159,6 +159,11 @@ def test_a_lock_taken_again_after_its_release_went_to_the_worker_queues_behind_w
     rc = own_redis.client()
     a, b = Session(own_pg), Session(own_pg)
     admin = own_pg.connect()
+    if os.environ.get("RL_POSTGRES_BIN"):
+        # under valgrind (scripts/memcheck) /proc shows valgrind's command
+        # line, not the worker's process title, so the worker cannot be
+        # found to be stopped; the suites without valgrind run this test
+        pytest.skip("the worker cannot be found by its title under valgrind")
     worker = watchdog_pid(own_pg.postmaster_pid())
     assert worker, "no watchdog worker"
     try:
