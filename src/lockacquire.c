@@ -121,6 +121,14 @@ local_queue_id(RLHeld *e)
 	return rl_waitq_id(e->target->spec, e->names.key);
 }
 
+/* Would an acquire of e that may wait queue behind backends of this server? */
+static bool
+behind_local_waiters(RLHeld *e, int64 wait_ms)
+{
+	return wait_ms > 0 && rl_waitq_any() &&
+		rl_waitq_has_waiters(local_queue_id(e));
+}
+
 /* End of a wait: how long it took goes to the stats */
 static AcqOutcome
 waited(TimestampTz start, AcqOutcome outcome)
@@ -567,8 +575,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	 * (interruptible, within its deadline) and the release settled, sent
 	 * again if it did not run, before the lock is taken again.
 	 */
-	if (e != NULL && e->releasing && wait_ms > 0 && rl_waitq_any() &&
-		rl_waitq_has_waiters(local_queue_id(e)))
+	if (e != NULL && e->releasing && behind_local_waiters(e, wait_ms))
 	{
 		rl_wait_owed(rl_command_timeout_ms);
 		rl_lt_settle_pending(true, true);
@@ -580,8 +587,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	 * now, interruptibly, as the abort would have made it, so that the
 	 * waiters are served first and never find our owner value.
 	 */
-	if (e != NULL && e->release_handed && wait_ms > 0 && rl_waitq_any() &&
-		rl_waitq_has_waiters(local_queue_id(e)))
+	if (e != NULL && e->release_handed && behind_local_waiters(e, wait_ms))
 	{
 		if (rl_lt_take_back_from_worker(e))
 			rl_lt_release_soft(&e, 1, NULL, true);
@@ -614,8 +620,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	 * the lock for the waiters, and the attempt pipelined behind it on the
 	 * same connection would win every time.
 	 */
-	if (wait_ms > 0 && (!doubt || reclaimed) && rl_waitq_any() &&
-		rl_waitq_has_waiters(local_queue_id(e)))
+	if ((!doubt || reclaimed) && behind_local_waiters(e, wait_ms))
 	{
 		rl_lt_op_init(&op, RL_OP_ACQUIRE, e, lease_ms);
 		e->expires_at = rl_lt_doubt_horizon(lease_ms);

@@ -398,10 +398,10 @@ rl_lt_hand_doubts_to_worker(void)
 /*
  * At an abort (with preloading), the releases rl_lt_release_later could not
  * send on a connection ready for them (doubts already, rl_lt_drop_holds)
- * go to the watchdog worker instead of being made here: their round trip would open a connection
- * with interrupts held, for up to connect_timeout, right after the cancel
- * that caused the abort was served (nothing pending is left to cut it
- * short).  The worker deletes each (if still ours) as soon as Redis
+ * go to the watchdog worker instead of being made here: their round trip
+ * would open a connection with interrupts held, for up to connect_timeout,
+ * right after the cancel that caused the abort was served (nothing pending
+ * is left to cut it short).  The worker deletes each (if still ours) as soon as Redis
  * answers.  Returns how many entries are left for the caller, compacted at
  * the front: all of them without preloading, those without a registry slot.
  */
