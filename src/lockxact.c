@@ -140,6 +140,20 @@ keep_unreachable_as_doubts(RLHeld **ents, int n)
 }
 
 /*
+ * What a call cut short by an ERROR left in the work context (every user
+ * resets it when done, which an ERROR skips) goes at the end of the
+ * (sub)transaction the ERROR aborts: no call is under way then.  Without
+ * this, a session whose calls kept failing grew it by a few hundred bytes
+ * per call until one succeeded.
+ */
+static void
+drop_unfinished_work(void)
+{
+	if (rl_lt_work_cxt != NULL)
+		MemoryContextReset(rl_lt_work_cxt);
+}
+
+/*
  * At COMMIT or ABORT: drop transaction holds and release what is free; at
  * an abort, what cannot be sent at once goes to the worker
  * (rl_lt_hand_unsent_to_worker).
@@ -151,6 +165,7 @@ end_of_xact(bool abort)
 	int			n;
 	MemoryContext old;
 
+	drop_unfinished_work();
 	if (rl_lt_held == NULL)
 		return;
 
@@ -272,6 +287,7 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 	}
 	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
+	drop_unfinished_work();
 	rl_waitq_leave();
 	if (rl_lt_nqueued > 0)
 	{

@@ -419,6 +419,27 @@ rl_stream_addresses_left(const RLStream *s)
 	return s->naddrs - s->next_addr;
 }
 
+#ifdef USE_ASSERT_CHECKING
+/*
+ * Assert-enabled builds only: RL_TEST_STREAM_FAULT=1 in the server's
+ * environment makes every stream set-up raise "out of memory" once the
+ * socket, the reply reader and (TLS) the SSL object exist, as an allocation
+ * failing there would, so t/test_tls.py can check that nothing of them
+ * outlives the ERROR.
+ */
+static void
+inject_setup_fault(void)
+{
+	const char *fault = getenv("RL_TEST_STREAM_FAULT");
+
+	if (fault != NULL && strcmp(fault, "1") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("out of memory"),
+				 errdetail_internal("Injected by RL_TEST_STREAM_FAULT.")));
+}
+#endif
+
 /*
  * The stream of a socket just connecting, with its reply reader and, for
  * TLS, its SSL object.  The socket (and its external-FD count) belongs to
@@ -454,6 +475,9 @@ stream_around(pgsocket sock, const RLEndpoint *ep, const RLAddr *rest, int nrest
 			why_text = tls_start(s, ep);
 			why = RL_STREAM_FAIL_TLS;
 		}
+#ifdef USE_ASSERT_CHECKING
+		inject_setup_fault();
+#endif
 	}
 	PG_CATCH();
 	{
