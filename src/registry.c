@@ -87,7 +87,8 @@ redis_lock_registry_shmem_startup(void)
 		rl_shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
 		pg_atomic_init_u32(&rl_shared->lost_events, 0);
 		pg_atomic_init_u32(&rl_shared->settled_events, 0);
-		pg_atomic_init_u64(&rl_shared->worker_wakes_at, 0);
+		for (i = 0; i < RL_NUM_LANES; i++)
+			pg_atomic_init_u64(&rl_shared->worker_wakes_at[i], 0);
 		rl_shared->nslots = registry_capacity;
 		rl_shared->nfree = registry_capacity;
 		for (i = 0; i < registry_capacity; i++)
@@ -174,6 +175,10 @@ target_ref(RLTarget *t)
 		strlcpy(st->password, pw, RL_SECRET_LEN);
 		strlcpy(st->sentinel_password, spw, RL_SECRET_LEN);
 		st->refs = 1;
+		st->lane = RL_LANE_PROMPT;
+		st->failing = false;
+		st->logged_at = 0;
+		st->unlogged = 0;
 	}
 	return free_idx >= 0 ? free_idx : TARGET_TABLE_FULL;
 }
@@ -198,10 +203,11 @@ rl_slot_free(int idx)
 	freelist[rl_shared->nfree++] = idx;
 }
 
+/* Wake the worker of a lane */
 static void
-wake_worker(void)
+wake_worker(RLLane lane)
 {
-	Latch	   *latch = rl_shared->worker_latch;
+	Latch	   *latch = rl_shared->worker_latch[lane];
 
 	if (latch != NULL)
 		SetLatch(latch);
@@ -256,7 +262,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s = &rl_shared->slots[idx];
 	s->generation++;
 	s->state = SLOT_RESERVED;
-	s->in_flight = false;
+	s->in_flight = 0;
 	s->late_grant = false;
 	s->horizon = 0;
 	s->renew_every_ms = 0;
@@ -290,6 +296,7 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	RLSlot	   *s;
 	int			holds = st->session_holds + st->xact_holds;
 	bool		wake;
+	RLLane		lane;
 
 	if (rl_shared == NULL || slot < 0)
 		return;
@@ -319,9 +326,10 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	strlcpy(s->owner, owner, sizeof(s->owner));
 	if (refreshed)
 		s->st.last_renewed_at = GetCurrentTimestamp();
+	lane = rl_shared->targets[s->target].lane;
 	wake = s->st.watchdog && holds > 0 &&
 		TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 6) <
-		(TimestampTz) pg_atomic_read_u64(&rl_shared->worker_wakes_at);
+		(TimestampTz) pg_atomic_read_u64(&rl_shared->worker_wakes_at[lane]);
 	LWLockRelease(rl_shared->lock);
 
 	/*
@@ -331,7 +339,7 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	 * longer than the next lock due.
 	 */
 	if (wake)
-		wake_worker();
+		wake_worker(lane);
 }
 
 /* Free this backend's registry slot (no-op without a registry or slot) */
@@ -362,6 +370,7 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 {
 	RLSlot	   *s;
 	uint32		generation;
+	RLLane		lane;
 
 	if (rl_shared == NULL || slot < 0)
 		return 0;
@@ -375,10 +384,11 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 	s->late_grant = late_grant;
 	s->not_before = not_before;
 	generation = s->generation;
+	lane = rl_shared->targets[s->target].lane;
 	LWLockRelease(rl_shared->lock);
 	/* one not due yet is found by the worker's next pass (within 1 s) */
 	if (not_before == 0)
-		wake_worker();
+		wake_worker(lane);
 	return generation;
 }
 

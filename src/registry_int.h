@@ -47,7 +47,8 @@ typedef struct RLSlot
 	RLSlotState state;
 	int			target;			/* index into RLShared.targets */
 	uint16		name_off;		/* the name starts at key + name_off */
-	bool		in_flight;		/* the worker has a command for it under way */
+	uint8		in_flight;		/* 0, or 1 + the lane whose worker has a
+								 * command for it under way */
 	bool		late_grant;		/* orphan: an acquire whose reply was lost may
 								 * still be run by Redis */
 	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
@@ -65,9 +66,24 @@ StaticAssertDecl(RL_MAX_PREFIX_LEN <= PG_UINT16_MAX,
 				 "RLSlot.name_off must hold any key prefix length");
 
 /*
+ * The watchdog runs as two workers, one per lane: targets that answer in
+ * time are served by the first, those that failed or answered slowly last
+ * time by the second, so that waiting for the latter never holds up the
+ * former.  A target moves between lanes after each round (watchdog.c).
+ */
+typedef enum RLLane
+{
+	RL_LANE_PROMPT,
+	RL_LANE_SLOW,
+	RL_NUM_LANES
+} RLLane;
+
+/*
  * Where and with which passwords the locks of some slots live.  An entry is
  * in use while slots point at it (refs > 0); the worker connects with the
- * passwords the acquiring backend used, wherever it set them.
+ * passwords the acquiring backend used, wherever it set them.  The rest is
+ * the workers' (under the registry lock): the lane that serves it, and its
+ * failure log, shared so that a target moving lanes is logged once.
  */
 typedef struct RLSharedTarget
 {
@@ -75,15 +91,20 @@ typedef struct RLSharedTarget
 	char		spec[RL_TARGET_SPEC_LEN];
 	char		password[RL_SECRET_LEN];
 	char		sentinel_password[RL_SECRET_LEN];
+	RLLane		lane;
+	bool		failing;		/* its last attempts failed (and were logged) */
+	TimestampTz logged_at;		/* when that was last logged */
+	int			unlogged;		/* failures since that line */
 } RLSharedTarget;
 
 typedef struct RLShared
 {
 	LWLock	   *lock;
-	Latch	   *worker_latch;
+	Latch	   *worker_latch[RL_NUM_LANES];
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
 	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
-	pg_atomic_uint64 worker_wakes_at;	/* TimestampTz the worker sleeps until */
+	pg_atomic_uint64 worker_wakes_at[RL_NUM_LANES]; /* TimestampTz each lane's
+													 * worker sleeps until */
 	RLSharedTarget targets[RL_MAX_TARGETS];
 	int			nslots;
 	int			nfree;

@@ -1,9 +1,12 @@
 /*-------------------------------------------------------------------------
  *
  * watchdog.c
- *	  Owns the background worker that renews watchdog leases and releases
+ *	  Owns the background workers that renew watchdog leases and release
  *	  what exited backends left behind, working from the shared registry
- *	  (registry.c), and its registration at _PG_init.
+ *	  (registry.c), and their registration at _PG_init.  There are two, one
+ *	  per lane (RLLane): the targets that answer in time, and those that
+ *	  failed or answered slowly last time, so that waiting for the latter
+ *	  never holds up the former (worker_cycle).
  *
  *	  It exists only with shared_preload_libraries = 'redis_lock'.  The
  *	  worker only marks slots renewed or lost and frees orphans, always
@@ -41,25 +44,32 @@
 
 PGDLLEXPORT void rl_watchdog_main(Datum arg);
 
-/* Called from _PG_init: hooks and the worker, only when preloading */
+/* Called from _PG_init: hooks and the workers, only when preloading */
 void
 rl_watchdog_init(void)
 {
 	BackgroundWorker worker;
+	int			lane;
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 	rl_registry_init();
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
-	worker.bgw_start_time = BgWorkerStart_PostmasterStart;
-	worker.bgw_restart_time = 1;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "redis_lock");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "rl_watchdog_main");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "redis_lock watchdog");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "redis_lock watchdog");
-	RegisterBackgroundWorker(&worker);
+	for (lane = 0; lane < RL_NUM_LANES; lane++)
+	{
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
+		worker.bgw_start_time = BgWorkerStart_PostmasterStart;
+		worker.bgw_restart_time = 1;
+		snprintf(worker.bgw_library_name, BGW_MAXLEN, "redis_lock");
+		snprintf(worker.bgw_function_name, BGW_MAXLEN, "rl_watchdog_main");
+		snprintf(worker.bgw_name, BGW_MAXLEN, "%s",
+				 lane == RL_LANE_PROMPT ? "redis_lock watchdog" :
+				 "redis_lock slow-target watchdog");
+		snprintf(worker.bgw_type, BGW_MAXLEN, "redis_lock watchdog");
+		worker.bgw_main_arg = Int32GetDatum(lane);
+		RegisterBackgroundWorker(&worker);
+	}
 }
 
 /* ----------------------------------------------------------------
@@ -90,7 +100,6 @@ typedef struct Job
 	TimestampTz horizon;		/* the key cannot outlive this */
 	bool		late_grant;		/* release: a grant may still land */
 	bool		retry;			/* its last attempt failed */
-	bool		failing;		/* its target failed last time */
 	char	   *key;
 	char	   *owner;
 } Job;
@@ -182,8 +191,9 @@ typedef struct PassStats
  * What the worker remembers between cycles, in its own memory.  Per slot:
  * how many renewals or releases failed in a row and when to try again, so a
  * Redis that is down costs a few attempts per lease, not one per cycle.
- * Per target: whether it is failing and when that was last logged, so the
- * log gets a line per target every LOG_EVERY_MS, not one per attempt.
+ * (Per target, whether it is failing and when that was last logged, so the
+ * log gets a line per target every LOG_EVERY_MS, not one per attempt, is
+ * in RLSharedTarget: the lanes share it.)
  */
 typedef struct SlotRetry
 {
@@ -194,13 +204,6 @@ typedef struct SlotRetry
 	long		backoff_ms;
 	TimestampTz retry_at;		/* not before this (failures, or watching) */
 } SlotRetry;
-
-typedef struct TargetLog
-{
-	bool		failing;
-	TimestampTz logged_at;
-	int			unlogged;		/* failures since the last line */
-} TargetLog;
 
 #define RETRY_FIRST_MS	50
 #define RETRY_MAX_MS	1000
@@ -219,8 +222,19 @@ typedef struct TargetLog
 #define DOUBT_RETRY_MAX_MS	100
 #define DOUBT_GIVE_UP_MS	(10 * 60 * 1000)
 
+/*
+ * The prompt lane waits at most this long for a connection (name resolution
+ * included) and for the replies of a round, whatever connect_timeout and
+ * command_timeout say: a round that fails within it moves its target to the
+ * slow lane, whose worker waits the full timeouts (and retries at once what
+ * failed here).  A round in the slow lane that answered every op within it
+ * moves its target back.  So a target that stops answering holds up the
+ * prompt lane once, for at most this long per connect and per round trip.
+ */
+#define RL_PROMPT_WAIT_MS	1000
+
+static RLLane my_lane = RL_LANE_PROMPT;
 static SlotRetry *retries = NULL;
-static TargetLog target_logs[RL_MAX_TARGETS];
 static TimestampTz late_logged_at = 0;
 
 /* The longest back-off for a lease: well below lease/3, the renewal period */
@@ -320,8 +334,8 @@ redis_lock_worker_on_shmem_exit(int code, Datum arg)
 	/* a FATAL (out of memory) may have come while the registry was locked */
 	LWLockReleaseAll();
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	if (rl_shared->worker_latch == MyLatch)
-		rl_shared->worker_latch = NULL;
+	if (rl_shared->worker_latch[my_lane] == MyLatch)
+		rl_shared->worker_latch[my_lane] = NULL;
 	LWLockRelease(rl_shared->lock);
 }
 
@@ -356,44 +370,75 @@ watchdog_problem(RLLockOp *op)
 	return pstrdup(_("No majority of the Redis masters answered."));
 }
 
-/* One line per failing target per LOG_EVERY_MS, and one when it recovers */
+/*
+ * After a target's rounds of a cycle: nfailed ops failed, and the slowest
+ * round took slowest_ms.  Moves the target between lanes, and logs a line
+ * per failing target per LOG_EVERY_MS and one when it recovers.
+ */
 static void
-log_target(int tidx, const char *spec, int nfailed, const char *problem)
+note_target(int tidx, const char *spec, int nfailed, long slowest_ms,
+			const char *problem)
 {
-	TargetLog  *l = &target_logs[tidx];
+	RLSharedTarget *st = &rl_shared->targets[tidx];
 	TimestampTz now = GetCurrentTimestamp();
 	const char *where = strchr(spec, '|') ? strchr(spec, '|') + 1 : spec;
+	bool		recovered = false;
+	bool		report = false;
+	int			unlogged = 0;
+	RLLane		lane;
+	Latch	   *wake = NULL;
 
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	/* its slots went meanwhile, and the entry to another target */
+	if (st->refs == 0 || strcmp(st->spec, spec) != 0)
+	{
+		LWLockRelease(rl_shared->lock);
+		return;
+	}
+	lane = (nfailed > 0 || slowest_ms > RL_PROMPT_WAIT_MS) ?
+		RL_LANE_SLOW : RL_LANE_PROMPT;
+	if (st->lane != lane)
+	{
+		/* its jobs are the other worker's from now on: tell it */
+		st->lane = lane;
+		wake = rl_shared->worker_latch[lane];
+	}
 	if (nfailed == 0)
 	{
-		if (l->failing)
-			ereport(LOG,
-					(errmsg("redis_lock watchdog reaches Redis at %s again", where)));
-		l->failing = false;
-		l->unlogged = 0;
-		return;
+		recovered = st->failing;
+		st->failing = false;
+		st->unlogged = 0;
 	}
-	if (l->failing &&
-		now < TimestampTzPlusMilliseconds(l->logged_at, LOG_EVERY_MS))
+	else if (st->failing &&
+			 now < TimestampTzPlusMilliseconds(st->logged_at, LOG_EVERY_MS))
+		st->unlogged += nfailed;
+	else
 	{
-		l->unlogged += nfailed;
-		return;
+		report = true;
+		unlogged = st->unlogged;
+		st->failing = true;
+		st->logged_at = now;
+		st->unlogged = 0;
 	}
-	if (l->unlogged > 0)
+	LWLockRelease(rl_shared->lock);
+	if (wake != NULL)
+		SetLatch(wake);
+
+	if (recovered)
+		ereport(LOG,
+				(errmsg("redis_lock watchdog reaches Redis at %s again", where)));
+	else if (report && unlogged > 0)
 		ereport(LOG,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s; %d more attempt(s) failed since the last report",
-						nfailed, where, l->unlogged),
+						nfailed, where, unlogged),
 				 errdetail_internal("%s", problem)));
-	else
+	else if (report)
 		ereport(LOG,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("redis_lock watchdog could not renew or release %d lock(s) at %s",
 						nfailed, where),
 				 errdetail_internal("%s", problem)));
-	l->failing = true;
-	l->logged_at = now;
-	l->unlogged = 0;
 }
 
 /*
@@ -448,8 +493,9 @@ note_cut_lease(RLSlot *s, Job *j, RLLockOp *op, TimestampTz sent)
 /*
  * Up to a cycle has passed since the jobs were taken: a slot whose
  * generation moved on meanwhile (released, handed to another lock, out of
- * the watchdog or given another lease) is not sent.  The others are marked
- * in flight and kept at the front of jobs; returns how many.
+ * the watchdog or given another lease), or that the other lane's worker
+ * took meanwhile (its target changed lanes), is not sent.  The others are
+ * marked in flight and kept at the front of jobs; returns how many.
  */
 static int
 mark_jobs_in_flight(Job *jobs, int n)
@@ -462,10 +508,11 @@ mark_jobs_in_flight(Job *jobs, int n)
 	{
 		RLSlot	   *s = &rl_shared->slots[jobs[k].slot];
 
-		if (s->generation == jobs[k].generation && s->state != SLOT_FREE)
+		if (s->generation == jobs[k].generation && s->state != SLOT_FREE &&
+			s->in_flight == 0)
 		{
 			/* its backend waits for this before acting on it again */
-			s->in_flight = true;
+			s->in_flight = 1 + my_lane;
 			jobs[m++] = jobs[k];
 		}
 	}
@@ -569,9 +616,11 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 
 		/*
 		 * Set by us above, whatever happened to the slot since (a slot
-		 * freed and allocated again meanwhile starts without it)
+		 * freed and allocated again meanwhile starts without it, and the
+		 * other lane may have taken it since)
 		 */
-		s->in_flight = false;
+		if (s->in_flight == 1 + my_lane)
+			s->in_flight = 0;
 		if (f < 0)
 		{
 			if (nfailed++ == 0 && *problem == NULL)
@@ -597,7 +646,8 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 
 /*
  * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
- * passwords the backends used, then apply the results unless the slot
+ * passwords the backends used (and, in the prompt lane, waits bounded by
+ * RL_PROMPT_WAIT_MS), then apply the results unless the slot
  * changed hands meanwhile.  A renewed lock counts as renewed when the round
  * was sent: Redis restarted its lease no earlier than that.  Returns how
  * many ops failed; *problem gets (in problem_cxt) what went wrong with the
@@ -609,6 +659,8 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 {
 	RLLockOp   *ops;
 	TimestampTz sent;
+	int			saved_connect_ms;
+	int			saved_command_ms;
 
 	n = mark_jobs_in_flight(jobs, n);
 	if (n == 0)
@@ -617,8 +669,18 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 	ops = build_round_ops(jobs, n, t);
 	rl_use_credentials(target->password[0] ? target->password : NULL,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
+	saved_connect_ms = rl_connect_timeout_ms;
+	saved_command_ms = rl_command_timeout_ms;
+	if (my_lane == RL_LANE_PROMPT)
+	{
+		/* not the settings: the worker's own bound, for this round only */
+		rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_PROMPT_WAIT_MS);
+		rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_PROMPT_WAIT_MS);
+	}
 	sent = GetCurrentTimestamp();
 	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
+	rl_connect_timeout_ms = saved_connect_ms;
+	rl_command_timeout_ms = saved_command_ms;
 	rl_use_settings_credentials();
 	ps->rounds++;
 
@@ -630,7 +692,8 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
  * most RL_WATCHDOG_BATCH.  Once a whole round failed, the target is taken
  * for down: the rest of its jobs count as failed attempts without being
  * sent, so that a Redis that does not answer costs one command_timeout per
- * cycle, as before rounds were bounded, not one per round.
+ * cycle, as before rounds were bounded, not one per round.  Then the target
+ * goes to the lane its rounds call for (note_target).
  */
 static void
 run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
@@ -640,6 +703,7 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 	MemoryContext round_cxt;
 	char	   *problem = NULL;
 	int			nfailed = 0;
+	long		slowest_ms = 0;
 	bool		down = false;
 	int			b;
 
@@ -648,6 +712,7 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 	for (b = 0; b < n; b += RL_WATCHDOG_BATCH)
 	{
 		int			m = Min(RL_WATCHDOG_BATCH, n - b);
+		TimestampTz start;
 		int			f;
 
 		if (down)
@@ -661,7 +726,10 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 			continue;
 		}
 		MemoryContextSwitchTo(round_cxt);
+		start = GetCurrentTimestamp();
 		f = run_round(jobs + b, m, t, target, ps, &problem, cycle_cxt);
+		slowest_ms = Max(slowest_ms,
+						 (long) ((GetCurrentTimestamp() - start) / 1000));
 		MemoryContextSwitchTo(cycle_cxt);
 		MemoryContextReset(round_cxt);
 		nfailed += f;
@@ -669,24 +737,20 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 	}
 	MemoryContextDelete(round_cxt);
 	ps->failed += nfailed;
-	log_target(tidx, target->spec, nfailed, problem);
+	note_target(tidx, target->spec, nfailed, slowest_ms, problem);
 }
 
 /*
- * Order of jobs: jobs of failing targets last, then within each, retries
- * last, then (when grouping by target) by target, then by deadline; see
- * worker_cycle.  A target that does not answer thus never holds up the
- * retries (doubts among them) of one that does within a cycle.
+ * Order of jobs: (when grouping by target) by target, then retries last,
+ * then by deadline; see worker_cycle.
  */
 static int
 job_order(const Job *x, const Job *y, bool by_target)
 {
-	if (x->failing != y->failing)
-		return x->failing ? 1 : -1;
-	if (x->retry != y->retry)
-		return x->retry ? 1 : -1;
 	if (by_target && x->target != y->target)
 		return x->target < y->target ? -1 : 1;
+	if (x->retry != y->retry)
+		return x->retry ? 1 : -1;
 	if (x->due != y->due)
 		return x->due < y->due ? -1 : 1;
 	return x->slot < y->slot ? -1 : x->slot > y->slot ? 1 : 0;
@@ -702,7 +766,7 @@ job_cmp(const void *a, const void *b)
 static bool
 same_group(const Job *x, const Job *y)
 {
-	return x->retry == y->retry && x->failing == y->failing && x->target == y->target;
+	return x->target == y->target;
 }
 
 /* The process title (ps) says what the last pass did */
@@ -777,6 +841,9 @@ slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
 	*due = scan->start;
 	if (s->state == SLOT_FREE)
 		return false;
+	/* the other lane's worker serves its target */
+	if (rl_shared->targets[s->target].lane != my_lane)
+		return false;
 	/* a backend's slots often come in runs: ask the cache less */
 	if (s->st.pid != scan->last_pid)
 	{
@@ -846,7 +913,6 @@ add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
 									rl_connect_timeout_ms);
 	j->late_grant = s->late_grant;
 	j->retry = has_failed(i, s->generation);
-	j->failing = target_logs[s->target].failing;
 }
 
 /* Find what needs doing: one pass over the registry, its lock held shared */
@@ -909,9 +975,8 @@ copy_job_names(Job *jobs, int njobs, RLSharedTarget *targets)
 }
 
 /*
- * Run the jobs taken, a group at a time: targets that answered last time
- * first, those that did not last; within each, slots doing fine first,
- * those whose last attempt failed after them; per target by deadline.
+ * Run the jobs taken, a target at a time; within each, slots doing fine
+ * first, those whose last attempt failed after them, each by deadline.
  */
 static void
 run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
@@ -932,21 +997,24 @@ run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
 }
 
 /*
- * One cycle: renew what is due, release what exited backends left.  The
- * registry's lock is held (shared) to find what is due, again to copy the
- * names of the jobs taken, and (exclusive) per round to apply its results;
- * never while names are built, jobs sorted or Redis asked.  Targets that
- * answered last time go first, those that did not last, so that a target
- * that is down (or slow to answer) delays the work of the healthy ones
- * within a cycle at most once, when it starts failing; within each, slots
- * whose last attempt failed wait out their back-off and go after the
- * others.  Targets are served one after another: what the attempts on a
- * failing target cost (up to its connect and command timeouts, each time
- * its back-off lets one through) still delays the next cycle.  Within a
- * target, jobs go by deadline,
- * in rounds of RL_WATCHDOG_BATCH.  A cycle takes the RL_WATCHDOG_CYCLE_JOBS
- * most urgent jobs; the rest wait for the next cycle, which follows at once.
- * Returns how long to sleep until something else is due.
+ * One cycle of this lane: renew what is due, release what exited backends
+ * left, on the targets this lane serves.  The registry's lock is held
+ * (shared) to find what is due, again to copy the names of the jobs taken,
+ * and (exclusive) per round to apply its results; never while names are
+ * built, jobs sorted or Redis asked.  Targets are served one after another,
+ * so a target that does not answer (or answers slowly) would hold up the
+ * others for its connect and command timeouts.  The prompt lane waits for
+ * none longer than RL_PROMPT_WAIT_MS; a target whose round failed or took
+ * longer moves to the slow lane, whose own worker waits for it with the
+ * full timeouts, and comes back when a round answers in time.  So a target
+ * that goes silent delays the prompt lane's others once, by at most
+ * RL_PROMPT_WAIT_MS per connect and per round trip; silent targets can
+ * delay each other in the slow lane.  Within a target,
+ * slots whose last attempt failed wait out their back-off and go after the
+ * others, and jobs go by deadline, in rounds of RL_WATCHDOG_BATCH.  A cycle
+ * takes the RL_WATCHDOG_CYCLE_JOBS most urgent jobs; the rest wait for the
+ * next cycle, which follows at once.  Returns how long to sleep until
+ * something else is due.
  */
 static long
 worker_cycle(void)
@@ -985,23 +1053,26 @@ worker_cycle(void)
 }
 
 /*
- * Entry point of the watchdog background worker (bgw_function_name): renews
- * watchdog leases and releases orphans every cycle, until SIGTERM.
+ * Entry point of a watchdog background worker (bgw_function_name), of the
+ * lane given as its argument: renews watchdog leases and releases orphans
+ * of that lane's targets every cycle, until SIGTERM.
  */
 void
 rl_watchdog_main(Datum arg)
 {
 	MemoryContext cxt;
 
+	my_lane = (RLLane) DatumGetInt32(arg);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	rl_shared->worker_latch = MyLatch;
+	rl_shared->worker_latch[my_lane] = MyLatch;
 	/* a predecessor that died in a round left its commands marked */
 	for (int i = 0; i < rl_shared->nslots; i++)
-		rl_shared->slots[i].in_flight = false;
+		if (rl_shared->slots[i].in_flight == 1 + my_lane)
+			rl_shared->slots[i].in_flight = 0;
 	LWLockRelease(rl_shared->lock);
 	on_shmem_exit(redis_lock_worker_on_shmem_exit, (Datum) 0);
 
@@ -1009,7 +1080,9 @@ rl_watchdog_main(Datum arg)
 								ALLOCSET_DEFAULT_SIZES);
 	retries = MemoryContextAllocZero(TopMemoryContext,
 									 sizeof(SlotRetry) * Max(rl_shared->nslots, 1));
-	ereport(LOG, (errmsg("redis_lock watchdog started")));
+	ereport(LOG, (errmsg("redis_lock watchdog started"),
+				  errdetail_internal("lane %s",
+									 my_lane == RL_LANE_PROMPT ? "prompt" : "slow")));
 
 	for (;;)
 	{
@@ -1017,11 +1090,11 @@ rl_watchdog_main(Datum arg)
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 
 		/* busy: a lock registered during the cycle wakes it again */
-		pg_atomic_write_u64(&rl_shared->worker_wakes_at, (uint64) PG_INT64_MAX);
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane], (uint64) PG_INT64_MAX);
 		sleep_ms = worker_cycle();
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(cxt);
-		pg_atomic_write_u64(&rl_shared->worker_wakes_at,
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane],
 							(uint64) TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms));
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

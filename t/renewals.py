@@ -151,6 +151,28 @@ def watchdog_pid(postmaster_pid):
     return None
 
 
+def watchdog_pids(postmaster_pid):
+    """pids of both watchdog workers (the prompt lane's and the slow
+    lane's) under this postmaster."""
+    import os
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != postmaster_pid:
+                continue
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                title = f.read()
+            if b"redis_lock watchdog" in title or b"redis_lock slow-target watchdog" in title:
+                pids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
 def process_title(pid):
     """What the process shows in ps (PostgreSQL's process title)."""
     with open("/proc/%d/cmdline" % pid, "rb") as f:

@@ -25,6 +25,7 @@ import pytest
 
 from checks import assert_interruptible, assert_not_renewed, count_renewals
 from conftest import Session, wait_for_wait_event
+from renewals import watchdog_pids
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -33,23 +34,6 @@ def fresh_pg(preload=True, **conf):
     return testbed.Postgres(preload=preload, conf=conf).init().start().with_extension()
 
 
-def worker_pid(pg):
-    """The watchdog worker: a child of the postmaster (it has no database
-    connection, so pg_stat_activity does not list it)."""
-    ppid = pg.postmaster_pid()
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) != ppid:
-                    continue
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                if b"redis_lock watchdog" in f.read():
-                    return int(d)
-        except (OSError, ValueError):
-            continue
-    raise AssertionError("no watchdog worker")
 
 
 def cpu_seconds(pid):
@@ -214,13 +198,15 @@ def test_watchdog_backs_off_while_redis_is_down(env):
     a = session()
     a.run("SET redis_lock.lease_time = '3s'")
     assert a.run("SELECT count(redis_lock_acquire('w' || g)) FROM generate_series(1, 3) g") == 3
-    wpid = worker_pid(pg)
+    # both lanes: the target moves to the slow lane's worker once it fails
+    wpids = watchdog_pids(pg.postmaster_pid())
+    assert len(wpids) == 2, wpids
     before_lines = pg.log_text().count("could not renew")
-    cpu0 = cpu_seconds(wpid)
+    cpu0 = sum(cpu_seconds(p) for p in wpids)
     r.stop()
     time.sleep(5)
     lines = pg.log_text().count("could not renew") - before_lines
-    cpu = cpu_seconds(wpid) - cpu0
+    cpu = sum(cpu_seconds(p) for p in wpids) - cpu0
     r.start()
     print("\nwatchdog with Redis down 5 s: %d log lines, %.3f s CPU" % (lines, cpu))
     assert 1 <= lines <= 2
@@ -261,6 +247,62 @@ def test_a_dead_sentinel_target_does_not_stop_renewals_elsewhere(two_targets):
     renewals = count_renewals(rc, "healthy", 12,
                               "healthy lock expired while another target was down", 300)
     assert renewals >= 8
+    assert a.run("SELECT redis_lock_release('healthy')") is True
+    a.close()
+    b.close()
+
+
+@pytest.fixture
+def silent_and_healthy():
+    healthy, silent = testbed.Redis().start(), testbed.Redis().start()
+    # the worker's timeouts are the server's settings, not a session's
+    pg = fresh_pg(**{"redis_lock.url": healthy.url,
+                     "redis_lock.command_timeout": "5s",
+                     "redis_lock.connect_timeout": "5s"})
+    yield healthy, silent, pg
+    pg.cleanup()
+    silent.resume()
+    for x in (silent, healthy):
+        x.stop()
+
+
+def test_a_silent_target_holds_up_renewals_elsewhere_once_and_briefly(silent_and_healthy):
+    """A Redis that accepts connections but never answers (SIGSTOP), with
+    long timeouts: the worker serving the healthy target waits for it at
+    most once, for at most 1 s per connect and round trip, and then leaves
+    it to the slow lane's worker, which waits the full timeouts.  With one
+    worker, every attempt on the silent Redis (5 s) outlasted the healthy
+    lock's 3 s lease."""
+    healthy, frozen, pg = silent_and_healthy
+    a, b = Session(pg), Session(pg)
+    for s in (a, b):
+        s.run("SET redis_lock.lease_time = '3s'")
+    b.run("SET redis_lock.url = %s", (frozen.url,))
+    assert b.run("SELECT redis_lock_acquire('on-the-silent-one') > 0")
+    assert a.run("SELECT redis_lock_acquire('healthy') > 0")
+    log0 = len(pg.log_text())
+    frozen.pause()
+    try:
+        rc = healthy.client()
+        lowest, renewals, last = None, 0, None
+        end = time.monotonic() + 12 * S
+        while time.monotonic() < end:
+            pttl = rc.pttl("healthy")
+            assert pttl > 0, "the healthy lock expired while another target was silent"
+            lowest = pttl if lowest is None else min(lowest, pttl)
+            if last is not None and pttl > last + 200:
+                renewals += 1
+            last = pttl
+            time.sleep(0.02)
+        print("\nhealthy lock beside a silent target: %d renewals in %.0f s, "
+              "lowest PTTL %d ms" % (renewals, 12 * S, lowest))
+        assert renewals >= 8
+        assert "could not renew or release" in pg.log_text()[log0:]
+    finally:
+        frozen.resume()
+    # the slow lane's worker finds out and sends the target back
+    testbed.wait_until(lambda: "reaches Redis at" in pg.log_text()[log0:], 20, 0.05,
+                       what="the slow lane to reach the thawed Redis")
     assert a.run("SELECT redis_lock_release('healthy')") is True
     a.close()
     b.close()
