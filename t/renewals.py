@@ -132,9 +132,10 @@ class RenewalWatch:
                    self.bound_ms(), self.min_pttl_ms, len(self.late), self.missing))
 
 
-def watchdog_pid(postmaster_pid):
-    """pid of the redis_lock watchdog worker under this postmaster."""
+def _children_titles(postmaster_pid):
+    """(pid, process title) of each child of the postmaster."""
     import os
+    found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -144,33 +145,27 @@ def watchdog_pid(postmaster_pid):
             if ppid != postmaster_pid:
                 continue
             with open("/proc/%s/cmdline" % d, "rb") as f:
-                if b"redis_lock watchdog" in f.read():
-                    return int(d)
+                found.append((int(d), f.read()))
         except (OSError, ValueError, IndexError):
             continue
+    return found
+
+
+def watchdog_pid(postmaster_pid):
+    """pid of the redis_lock watchdog worker of the prompt lane (the one
+    serving targets that answer) under this postmaster."""
+    for pid, title in _children_titles(postmaster_pid):
+        if b"redis_lock watchdog" in title:
+            return pid
     return None
 
 
 def watchdog_pids(postmaster_pid):
     """pids of both watchdog workers (the prompt lane's and the slow
     lane's) under this postmaster."""
-    import os
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != postmaster_pid:
-                continue
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                title = f.read()
-            if b"redis_lock watchdog" in title or b"redis_lock slow-target watchdog" in title:
-                pids.append(int(d))
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
+    return [pid for pid, title in _children_titles(postmaster_pid)
+            if b"redis_lock watchdog" in title
+            or b"redis_lock slow-target watchdog" in title]
 
 
 def process_title(pid):
