@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * resolve.c
- *	  Owns turning a host name into addresses without blocking the backend:
- *	  c-ares, its sockets waited for on the latch, bounded by the caller's
+ *	  Owns turning host names into addresses without blocking the backend:
+ *	  c-ares, the names of one round trip asked for together on one
+ *	  channel, its sockets waited for on the latch, bounded by the caller's
  *	  deadline; cancel and terminate end the wait at once.  getaddrinfo
  *	  would block past redis_lock.connect_timeout and ignore cancel (a DNS
  *	  server that never answers held a backend for 6 s).  Numeric
@@ -41,16 +42,24 @@ typedef struct ResolverSocket
 } ResolverSocket;
 
 /*
- * What the c-ares callbacks learnt: the answer (set from inside
- * ares_process_fd or ares_destroy) and the sockets to wait for (kept by the
- * socket-state callback as c-ares opens, closes and re-arms them; c-ares
- * 1.34 deprecates asking for them with ares_getsock)
+ * What the c-ares callbacks learnt of one name: its answer (set from inside
+ * ares_process_fd or ares_destroy)
+ */
+typedef struct Answer
+{
+	bool		done;
+	bool		timed_out;		/* not done by the deadline */
+	int			status;
+	struct ares_addrinfo *res;
+} Answer;
+
+/*
+ * The sockets of a channel to wait for (kept by the socket-state callback
+ * as c-ares opens, closes and re-arms them; c-ares 1.34 deprecates asking
+ * for them with ares_getsock)
  */
 typedef struct Resolution
 {
-	bool		done;
-	int			status;
-	struct ares_addrinfo *res;
 	int			nsocks;
 	ResolverSocket socks[RL_RESOLVER_SOCKETS];
 } Resolution;
@@ -58,11 +67,11 @@ typedef struct Resolution
 static void
 resolved(void *arg, int status, int timeouts, struct ares_addrinfo *res)
 {
-	Resolution *r = (Resolution *) arg;
+	Answer	   *a = (Answer *) arg;
 
-	r->done = true;
-	r->status = status;
-	r->res = res;
+	a->done = true;
+	a->status = status;
+	a->res = res;
 }
 
 static void
@@ -237,109 +246,173 @@ channel_init(ares_channel *ch, Resolution *r)
  */
 static TimestampTz held_cut_at = 0;
 
+/* Are all the answers in? */
+static bool
+all_done(const Answer *answers, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (!answers[i].done)
+			return false;
+	return true;
+}
+
 /*
- * The addresses of host (IPv4 first, then IPv6) with port, palloc'd in the
- * current memory context into *out; their number, or 0 with *why set when
- * the name cannot be resolved by deadline.  Cancel and terminate interrupt
- * it with an ERROR; nothing c-ares allocated outlives that.
+ * Wait for the answers on channel ch until deadline, or, while a cancel or
+ * terminate is pending with interrupts held, RL_HELD_WAIT_CUT_MS after it
+ * was first seen.
  */
-int
-rl_resolve(const char *host, int port, TimestampTz deadline, RLAddr **out, char **why)
+static void
+await_answers(ares_channel ch, Resolution *r, Answer *answers, int n,
+			  TimestampTz deadline, WaitEventSet *volatile *setp)
+{
+	TimestampTz end = deadline;
+
+	if (!rl_held_wait_interrupted())
+		held_cut_at = 0;
+	while (!all_done(answers, n))
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		struct timeval tv;
+		struct timeval *tvp;
+		long		wait_ms;
+
+		if (rl_held_wait_interrupted())
+		{
+			if (held_cut_at == 0)
+				held_cut_at = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
+			end = Min(end, held_cut_at);
+		}
+		if (now >= end)
+			break;
+		wait_ms = (long) ((end - now + 999) / 1000);
+		tvp = ares_timeout(ch, NULL, &tv);
+		if (tvp != NULL)
+			wait_ms = Min(wait_ms, (long) (tvp->tv_sec * 1000 + (tvp->tv_usec + 999) / 1000));
+		wait_once(ch, r, Max(wait_ms, 1), setp);
+	}
+}
+
+/* Fill in name from its answer a; frees what c-ares allocated */
+static void
+take_answer(RLResolution *name, Answer *a)
+{
+	int			n;
+
+	if (a->timed_out)
+		name->why = pstrdup("name resolution timed out");
+	else if (a->status != ARES_SUCCESS || a->res == NULL)
+		name->why = pstrdup(ares_strerror(a->status));
+	if (name->why != NULL)
+	{
+		if (a->res != NULL)
+			ares_freeaddrinfo(a->res);
+		a->res = NULL;
+		return;
+	}
+	n = collect(a->res, &name->addrs);
+	ares_freeaddrinfo(a->res);
+	a->res = NULL;
+	if (n < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("out of memory")));
+	name->naddrs = n;
+	if (n == 0)
+		name->why = pstrdup("no address");
+}
+
+/*
+ * Resolve the names together, by deadline: one query each, all on one
+ * channel, waited for together, so that several names (Redlock masters,
+ * Sentinels, the nodes of one round) cost the slowest, not the sum.  Each
+ * name gets its addresses (IPv4 first, then IPv6) with its port, palloc'd
+ * in the current memory context, or naddrs 0 and why.  Numeric addresses
+ * never reach the resolver.  Cancel and terminate interrupt it with an
+ * ERROR; nothing c-ares allocated outlives that.
+ */
+void
+rl_resolve_all(RLResolution *names, int n, TimestampTz deadline)
 {
 	static bool library_ready = false;
 	ares_channel ch;
 	Resolution	r;
+	Answer	   *volatile answers;
 	struct ares_addrinfo_hints hints;
-	char		service[16];
 	WaitEventSet *volatile set = NULL;
-	int			n;
+	int			nasked = 0;
+	int			i;
 
-	*out = NULL;
-	if (numeric(host, port, out) == 1)
-		return 1;
-	if (!library_ready)
+	for (i = 0; i < n; i++)
 	{
-		if (ares_library_init(ARES_LIB_INIT_ALL) != ARES_SUCCESS)
-		{
-			*why = pstrdup("could not start the name resolver");
-			return 0;
-		}
+		names[i].addrs = NULL;
+		names[i].why = NULL;
+		names[i].naddrs = numeric(names[i].host, names[i].port, &names[i].addrs);
+		if (names[i].naddrs == 0)
+			nasked++;
+	}
+	if (nasked == 0)
+		return;
+	if (!library_ready && ares_library_init(ARES_LIB_INIT_ALL) == ARES_SUCCESS)
 		library_ready = true;
-	}
 	memset(&r, 0, sizeof(r));
-	if (!channel_init(&ch, &r))
+	if (!library_ready || !channel_init(&ch, &r))
 	{
-		*why = pstrdup("could not start the name resolver");
-		return 0;
+		for (i = 0; i < n; i++)
+			if (names[i].naddrs == 0)
+				names[i].why = pstrdup("could not start the name resolver");
+		return;
 	}
+	answers = palloc0(sizeof(Answer) * n);
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = ARES_AI_NUMERICSERV;
-	snprintf(service, sizeof(service), "%d", port);
 	PG_TRY();
 	{
-		TimestampTz end = deadline;
-
-		if (!rl_held_wait_interrupted())
-			held_cut_at = 0;
-		ares_getaddrinfo(ch, host, service, &hints, resolved, &r);
-		while (!r.done)
+		for (i = 0; i < n; i++)
 		{
-			TimestampTz now = GetCurrentTimestamp();
-			struct timeval tv;
-			struct timeval *tvp;
-			long		wait_ms;
+			char		service[16];
 
-			/* with interrupts held, a pending cancel cuts the wait short */
-			if (rl_held_wait_interrupted())
+			if (names[i].naddrs > 0)
 			{
-				if (held_cut_at == 0)
-					held_cut_at = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
-				end = Min(end, held_cut_at);
+				answers[i].done = true;
+				continue;
 			}
-			if (now >= end)
-				break;
-			wait_ms = (long) ((end - now + 999) / 1000);
-			tvp = ares_timeout(ch, NULL, &tv);
-			if (tvp != NULL)
-				wait_ms = Min(wait_ms, (long) (tvp->tv_sec * 1000 + (tvp->tv_usec + 999) / 1000));
-			wait_once(ch, &r, Max(wait_ms, 1), &set);
+			snprintf(service, sizeof(service), "%d", names[i].port);
+			ares_getaddrinfo(ch, names[i].host, service, &hints, resolved, &answers[i]);
 		}
+		await_answers(ch, &r, answers, n, deadline, &set);
 	}
 	PG_CATCH();
 	{
 		if (set != NULL)
 			FreeWaitEventSet(set);
-		ares_destroy(ch);		/* runs the callback: r.res may be set */
-		if (r.res != NULL)
-			ares_freeaddrinfo(r.res);
+		ares_destroy(ch);		/* runs the callbacks: answers may be set */
+		for (i = 0; i < n; i++)
+			if (answers[i].res != NULL)
+				ares_freeaddrinfo(answers[i].res);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-	if (!r.done)
-	{
-		ares_destroy(ch);
-		if (r.res != NULL)
-			ares_freeaddrinfo(r.res);
-		*why = pstrdup("name resolution timed out");
-		return 0;
-	}
+	/* what has not come yet is called back now, without an answer */
+	for (i = 0; i < n; i++)
+		answers[i].timed_out = !answers[i].done;
 	ares_destroy(ch);
-	if (r.status != ARES_SUCCESS || r.res == NULL)
+	PG_TRY();
 	{
-		if (r.res != NULL)
-			ares_freeaddrinfo(r.res);
-		*why = pstrdup(ares_strerror(r.status));
-		return 0;
+		for (i = 0; i < n; i++)
+			if (names[i].naddrs == 0)
+				take_answer(&names[i], &answers[i]);
 	}
-	n = collect(r.res, out);
-	ares_freeaddrinfo(r.res);
-	if (n < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OUT_OF_MEMORY),
-				 errmsg("out of memory")));
-	if (n == 0)
-		*why = pstrdup("no address");
-	return n;
+	PG_CATCH();
+	{
+		for (i = 0; i < n; i++)
+			if (answers[i].res != NULL)
+				ares_freeaddrinfo(answers[i].res);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pfree(answers);
 }

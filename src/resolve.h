@@ -25,7 +25,16 @@ typedef struct RLAddr
 	struct sockaddr_storage sa;
 } RLAddr;
 
-extern int	rl_resolve(const char *host, int port, TimestampTz deadline,
-					   RLAddr **out, char **why);
+/* One name to resolve (rl_resolve_all), and what came of it */
+typedef struct RLResolution
+{
+	const char *host;
+	int			port;
+	RLAddr	   *addrs;			/* IPv4 first, then IPv6; palloc'd */
+	int			naddrs;			/* 0: not resolved, why says why */
+	char	   *why;
+} RLResolution;
+
+extern void rl_resolve_all(RLResolution *names, int n, TimestampTz deadline);
 
 #endif							/* RL_RESOLVE_H */

@@ -339,27 +339,25 @@ static RLStream *stream_around(pgsocket sock, const RLEndpoint *ep,
 							   RLStreamFailure *failure, char **reason);
 
 /*
- * Start a non-blocking connect to ep: its name resolved by deadline
- * (resolve.c, on the latch), then IPv4 addresses first, then IPv6 (as
- * hiredis did), the first that can start; the others are kept for
- * rl_stream_next_address.  Returns NULL with *failure and *reason set when
- * it cannot even start.
+ * Start a non-blocking connect to ep at the addresses its name resolved to
+ * (rl_resolve_all): IPv4 addresses first, then IPv6 (as hiredis did), the
+ * first that can start; the others are kept for rl_stream_next_address.
+ * Returns NULL with *failure and *reason set when it cannot even start.
  */
 RLStream *
-rl_stream_open(const RLEndpoint *ep, TimestampTz deadline, RLStreamFailure *failure,
-			   char **reason)
+rl_stream_open(const RLEndpoint *ep, const RLResolution *resolved,
+			   RLStreamFailure *failure, char **reason)
 {
-	RLAddr	   *addrs;
-	char	   *why = NULL;
-	int			n;
+	const RLAddr *addrs = resolved->addrs;
+	char	   *why = resolved->why;
+	int			n = resolved->naddrs;
 	int			i;
 	pgsocket	sock = PGINVALID_SOCKET;
 
-	n = rl_resolve(ep->host, ep->port, deadline, &addrs, &why);
 	if (n == 0)
 	{
 		*failure = RL_STREAM_FAIL_CONNECT;
-		*reason = why;
+		*reason = why != NULL ? pstrdup(why) : pstrdup("no address");
 		return NULL;
 	}
 	if (!AcquireExternalFD())

@@ -37,7 +37,8 @@ typedef enum RLStreamFailure
 	RL_STREAM_FAIL_LOCAL		/* out of file descriptors or memory here */
 } RLStreamFailure;
 
-extern RLStream *rl_stream_open(const RLEndpoint *ep, TimestampTz deadline,
+extern RLStream *rl_stream_open(const RLEndpoint *ep,
+								const RLResolution *resolved,
 								RLStreamFailure *failure, char **reason);
 extern bool rl_stream_next_address(RLStream *s);
 extern int	rl_stream_addresses_left(const RLStream *s);

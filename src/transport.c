@@ -61,6 +61,8 @@ typedef struct RunConn
 	RLFailure	failure;
 	char	   *reason;			/* detail of the failure */
 	int			errcode;
+	RLResolution *resolved;		/* its name's addresses for the next connect
+								 * (resolve_names), or NULL */
 	TimestampTz connect_deadline;	/* of the address being tried */
 	TimestampTz connect_end;	/* of the whole connect: connect_timeout */
 	TimestampTz deadline;		/* for the replies; starts once connected */
@@ -115,6 +117,28 @@ address_deadline(RunConn *rc, TimestampTz now)
 }
 
 /*
+ * Resolve the names of the runs about to connect, all at once: one
+ * connect_timeout for all of them (the resolution is part of the connect),
+ * not one after another.
+ */
+static void
+resolve_names(RunConn **need, int n, TimestampTz now)
+{
+	RLResolution *names = palloc0(sizeof(RLResolution) * n);
+	TimestampTz end = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		names[i].host = need[i]->conn->ep.host;
+		names[i].port = need[i]->conn->ep.port;
+		need[i]->connect_end = end;
+		need[i]->resolved = &names[i];
+	}
+	rl_resolve_all(names, n, end);
+}
+
+/*
  * Start a non-blocking connect and queue the handshake in front of whatever
  * the caller sends: the whole handshake costs no extra round trip.
  */
@@ -129,8 +153,11 @@ start_connect(RunConn *rc, TimestampTz now)
 	RLStreamFailure failure;
 	char	   *reason;
 
-	rc->connect_end = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
-	conn->stream = rl_stream_open(&conn->ep, rc->connect_end, &failure, &reason);
+	if (rc->resolved == NULL)
+		resolve_names(&rc, 1, now);
+	conn->stream = rl_stream_open(&conn->ep, rc->resolved, &failure, &reason);
+	/* a later connect of this run (a stale connection's retry) looks again */
+	rc->resolved = NULL;
 	if (conn->stream == NULL)
 	{
 		rc->failed = true;
@@ -662,12 +689,15 @@ group_by_connection(RLCall *calls, int ncalls, int timeout_ms, int *nruns)
 }
 
 /*
- * Phase 2: (re)connect where needed, queue every command and write what the
+ * Phase 2: (re)connect where needed, the names of every connection to make
+ * resolved together first, then queue every command and write what the
  * sockets take at once (usually everything).
  */
 static void
 write_runs(RunConn *runs, int nruns, TimestampTz now)
 {
+	RunConn   **need = palloc(sizeof(RunConn *) * Max(nruns, 1));
+	int			nneed = 0;
 	int			i;
 
 	for (i = 0; i < nruns; i++)
@@ -692,6 +722,19 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 			 (!conn->subscriber && (rl_has_unsent(conn) ||
 									(conn->nowed == 0 && rl_has_unasked_bytes(conn))))))
 			rl_conn_close(conn);
+		if (conn->stream == NULL)
+			need[nneed++] = rc;
+	}
+	if (nneed > 1)
+	{
+		resolve_names(need, nneed, now);
+		now = GetCurrentTimestamp();
+	}
+	pfree(need);
+	for (i = 0; i < nruns; i++)
+	{
+		RunConn    *rc = &runs[i];
+
 		queue_run(rc, now);
 		if (!rc->failed && !rc->connecting && !flush_some(rc))
 			fail_write(rc, now);

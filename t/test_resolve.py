@@ -10,7 +10,9 @@ gives the name two addresses.  What each test would catch:
 - a connect to an address that never answers (SYN dropped) failing the
   whole connect instead of moving on to the next address;
 - a resolution made with interrupts held (the release after COMMIT on a
-  fresh connection) holding off terminate for connect_timeout."""
+  fresh connection) holding off terminate for connect_timeout;
+- the names of one round (Redlock masters) resolved one after another,
+  each costing connect_timeout against a DNS server that never answers."""
 import os
 import socket
 import struct
@@ -30,12 +32,14 @@ NAME = "redis.rl-test"
 
 
 class FakeDNS:
-    """A UDP DNS server on addr:53 answering every A query for NAME with
-    answers (IPv4 strings), or never answering when answers is None."""
+    """A UDP DNS server on addr:53 answering every A query (for NAME, or any
+    name) with answers (IPv4 strings), delay seconds after it came, or never
+    answering when answers is None."""
 
-    def __init__(self, addr, answers):
+    def __init__(self, addr, answers, delay=0):
         self.addr = addr
         self.answers = answers
+        self.delay = delay
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((addr, 53))
         self.sock.settimeout(0.2)
@@ -55,7 +59,16 @@ class FakeDNS:
             self.queries += 1
             if self.answers is None:
                 continue                      # a server that never answers
-            self.sock.sendto(self._answer(data), peer)
+            if self.delay:
+                threading.Timer(self.delay, self._send, (self._answer(data), peer)).start()
+            else:
+                self._send(self._answer(data), peer)
+
+    def _send(self, answer, peer):
+        try:
+            self.sock.sendto(answer, peer)
+        except OSError:
+            pass                              # closed meanwhile
 
     def _answer(self, query):
         qid = query[:2]
@@ -160,6 +173,36 @@ def test_a_dns_server_that_never_answers_costs_connect_timeout(silent_dns):
         assert elapsed < 0.5 + 0.5 * S, "resolution took %.2fs" % elapsed
     finally:
         s.close()
+
+
+def test_the_names_of_one_round_are_resolved_together():
+    """Five Redlock masters named on a DNS server that answers each query
+    after 200 ms, with a 500 ms connect_timeout: their names are asked for
+    together, so all five resolve and the lock is taken.  Resolved one after
+    another, each connect's clock started with the round: the third name's
+    share was gone before its answer came, and with two of five masters the
+    acquire failed (08006)."""
+    masters = [testbed.Redis().start() for _ in range(5)]
+    dns = FakeDNS("127.0.0.78", ["127.0.0.1"], delay=0.2)
+    pg = server_with_resolver("127.0.0.78", **{
+        "redis_lock.nodes": ",".join("redis://m%d.rl-test:%d/0" % (i, m.port)
+                                     for i, m in enumerate(masters)),
+        "redis_lock.connect_timeout": "500ms"})
+    s = Session(pg)
+    try:
+        t0 = time.monotonic()
+        assert s.run("SELECT redis_lock_try_acquire('dns-redlock')") is True
+        elapsed = time.monotonic() - t0
+        print("\n5 masters behind a DNS server answering in 200 ms: acquired in %.2f s"
+              % elapsed)
+        assert sum(m.client().exists("dns-redlock") for m in masters) == 5
+        assert s.run("SELECT redis_lock_release('dns-redlock')") is True
+    finally:
+        s.close()
+        pg.cleanup()
+        dns.close()
+        for m in masters:
+            m.stop()
 
 
 @pytest.mark.parametrize("stop", ["cancel", "terminate"])
