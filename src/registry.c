@@ -326,7 +326,7 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	strlcpy(s->owner, owner, sizeof(s->owner));
 	if (refreshed)
 		s->st.last_renewed_at = GetCurrentTimestamp();
-	lane = rl_shared->targets[s->target].lane;
+	lane = rl_serving_lane(&rl_shared->targets[s->target]);
 	wake = s->st.watchdog && holds > 0 &&
 		TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 6) <
 		(TimestampTz) pg_atomic_read_u64(&rl_shared->worker_wakes_at[lane]);
@@ -384,7 +384,7 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 	s->late_grant = late_grant;
 	s->not_before = not_before;
 	generation = s->generation;
-	lane = rl_shared->targets[s->target].lane;
+	lane = rl_serving_lane(&rl_shared->targets[s->target]);
 	LWLockRelease(rl_shared->lock);
 	/* one not due yet is found by the worker's next pass (within 1 s) */
 	if (not_before == 0)

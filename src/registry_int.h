@@ -115,6 +115,20 @@ typedef struct RLShared
 /* The registry in shared memory; NULL without preloading */
 extern RLShared *rl_shared;
 
+/*
+ * The lane whose worker serves target st now: a slow-lane target goes to the
+ * prompt lane's worker (with the full timeouts) while the slow lane has no
+ * worker: not started yet, restarting, or no background worker slot left
+ * for it (max_worker_processes).  Caller holds the registry lock.
+ */
+static inline RLLane
+rl_serving_lane(const RLSharedTarget *st)
+{
+	if (st->lane == RL_LANE_SLOW && rl_shared->worker_latch[RL_LANE_SLOW] != NULL)
+		return RL_LANE_SLOW;
+	return RL_LANE_PROMPT;
+}
+
 extern void rl_registry_init(void);
 extern void rl_slot_free(int idx);
 

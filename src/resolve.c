@@ -49,6 +49,7 @@ typedef struct Answer
 {
 	bool		done;
 	bool		timed_out;		/* not done by the deadline */
+	TimestampTz done_at;
 	int			status;
 	struct ares_addrinfo *res;
 } Answer;
@@ -70,6 +71,7 @@ resolved(void *arg, int status, int timeouts, struct ares_addrinfo *res)
 	Answer	   *a = (Answer *) arg;
 
 	a->done = true;
+	a->done_at = GetCurrentTimestamp();
 	a->status = status;
 	a->res = res;
 }
@@ -294,12 +296,13 @@ await_answers(ares_channel ch, Resolution *r, Answer *answers, int n,
 	}
 }
 
-/* Fill in name from its answer a; frees what c-ares allocated */
+/* Fill in name from its answer a, asked at start; frees what c-ares allocated */
 static void
-take_answer(RLResolution *name, Answer *a)
+take_answer(RLResolution *name, Answer *a, TimestampTz start)
 {
 	int			n;
 
+	name->took_ms = (a->done_at - start) / 1000;
 	if (a->timed_out)
 		name->why = pstrdup("name resolution timed out");
 	else if (a->status != ARES_SUCCESS || a->res == NULL)
@@ -341,6 +344,7 @@ rl_resolve_all(RLResolution *names, int n, TimestampTz deadline)
 	Answer	   *volatile answers;
 	struct ares_addrinfo_hints hints;
 	WaitEventSet *volatile set = NULL;
+	TimestampTz start = GetCurrentTimestamp();
 	int			nasked = 0;
 	int			i;
 
@@ -348,6 +352,7 @@ rl_resolve_all(RLResolution *names, int n, TimestampTz deadline)
 	{
 		names[i].addrs = NULL;
 		names[i].why = NULL;
+		names[i].took_ms = 0;
 		names[i].naddrs = numeric(names[i].host, names[i].port, &names[i].addrs);
 		if (names[i].naddrs == 0)
 			nasked++;
@@ -404,7 +409,7 @@ rl_resolve_all(RLResolution *names, int n, TimestampTz deadline)
 	{
 		for (i = 0; i < n; i++)
 			if (names[i].naddrs == 0)
-				take_answer(&names[i], &answers[i]);
+				take_answer(&names[i], &answers[i], start);
 	}
 	PG_CATCH();
 	{

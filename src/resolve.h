@@ -33,6 +33,7 @@ typedef struct RLResolution
 	RLAddr	   *addrs;			/* IPv4 first, then IPv6; palloc'd */
 	int			naddrs;			/* 0: not resolved, why says why */
 	char	   *why;
+	int64		took_ms;		/* how long its answer took (0: numeric) */
 } RLResolution;
 
 extern void rl_resolve_all(RLResolution *names, int n, TimestampTz deadline);

@@ -117,25 +117,29 @@ address_deadline(RunConn *rc, TimestampTz now)
 }
 
 /*
- * Resolve the names of the runs about to connect, all at once: one
- * connect_timeout for all of them (the resolution is part of the connect),
- * not one after another.
+ * Resolve the names of the runs about to connect, all at once, within
+ * connect_timeout, rather than one after another.  Each connect then gets
+ * what its own name's resolution left of connect_timeout (the resolution
+ * is part of the connect): a name that never resolves delays the others'
+ * connects by connect_timeout, but does not eat their time.
  */
 static void
 resolve_names(RunConn **need, int n, TimestampTz now)
 {
 	RLResolution *names = palloc0(sizeof(RLResolution) * n);
-	TimestampTz end = TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms);
 	int			i;
 
 	for (i = 0; i < n; i++)
 	{
 		names[i].host = need[i]->conn->ep.host;
 		names[i].port = need[i]->conn->ep.port;
-		need[i]->connect_end = end;
 		need[i]->resolved = &names[i];
 	}
-	rl_resolve_all(names, n, end);
+	rl_resolve_all(names, n, TimestampTzPlusMilliseconds(now, rl_connect_timeout_ms));
+	now = GetCurrentTimestamp();
+	for (i = 0; i < n; i++)
+		need[i]->connect_end =
+			TimestampTzPlusMilliseconds(now, Max(0, rl_connect_timeout_ms - names[i].took_ms));
 }
 
 /*
@@ -725,7 +729,8 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 		if (conn->stream == NULL)
 			need[nneed++] = rc;
 	}
-	if (nneed > 1)
+	/* before any run's clock starts: a resolution takes its time */
+	if (nneed > 0)
 	{
 		resolve_names(need, nneed, now);
 		now = GetCurrentTimestamp();

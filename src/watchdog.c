@@ -100,6 +100,7 @@ typedef struct Job
 	TimestampTz horizon;		/* the key cannot outlive this */
 	bool		late_grant;		/* release: a grant may still land */
 	bool		retry;			/* its last attempt failed */
+	bool		failing;		/* its target's last attempts failed */
 	char	   *key;
 	char	   *owner;
 } Job;
@@ -331,12 +332,18 @@ watch_again(Job *j, TimestampTz now)
 static void
 redis_lock_worker_on_shmem_exit(int code, Datum arg)
 {
+	Latch	   *prompt;
+
 	/* a FATAL (out of memory) may have come while the registry was locked */
 	LWLockReleaseAll();
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	if (rl_shared->worker_latch[my_lane] == MyLatch)
 		rl_shared->worker_latch[my_lane] = NULL;
+	prompt = rl_shared->worker_latch[RL_LANE_PROMPT];
 	LWLockRelease(rl_shared->lock);
+	/* the slow lane's targets are the prompt lane's until we are back */
+	if (my_lane == RL_LANE_SLOW && prompt != NULL)
+		SetLatch(prompt);
 }
 
 /*
@@ -401,7 +408,7 @@ note_target(int tidx, const char *spec, int nfailed, long slowest_ms,
 	{
 		/* its jobs are the other worker's from now on: tell it */
 		st->lane = lane;
-		wake = rl_shared->worker_latch[lane];
+		wake = rl_shared->worker_latch[rl_serving_lane(st)];
 	}
 	if (nfailed == 0)
 	{
@@ -646,8 +653,8 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 
 /*
  * One round trip for at most RL_WATCHDOG_BATCH jobs of one target, with the
- * passwords the backends used (and, in the prompt lane, waits bounded by
- * RL_PROMPT_WAIT_MS), then apply the results unless the slot
+ * passwords the backends used (and, for a target of the prompt lane, waits
+ * bounded by RL_PROMPT_WAIT_MS), then apply the results unless the slot
  * changed hands meanwhile.  A renewed lock counts as renewed when the round
  * was sent: Redis restarted its lease no earlier than that.  Returns how
  * many ops failed; *problem gets (in problem_cxt) what went wrong with the
@@ -671,7 +678,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
 	saved_connect_ms = rl_connect_timeout_ms;
 	saved_command_ms = rl_command_timeout_ms;
-	if (my_lane == RL_LANE_PROMPT)
+	if (target->lane == RL_LANE_PROMPT)
 	{
 		/* not the settings: the worker's own bound, for this round only */
 		rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_PROMPT_WAIT_MS);
@@ -704,6 +711,7 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 	char	   *problem = NULL;
 	int			nfailed = 0;
 	long		slowest_ms = 0;
+	int			rounds = ps->rounds;
 	bool		down = false;
 	int			b;
 
@@ -737,16 +745,22 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 	}
 	MemoryContextDelete(round_cxt);
 	ps->failed += nfailed;
-	note_target(tidx, target->spec, nfailed, slowest_ms, problem);
+	/* nothing was sent (the slots all changed meanwhile): nothing learnt */
+	if (ps->rounds > rounds)
+		note_target(tidx, target->spec, nfailed, slowest_ms, problem);
 }
 
 /*
- * Order of jobs: (when grouping by target) by target, then retries last,
- * then by deadline; see worker_cycle.
+ * Order of jobs: those of failing targets last (in the slow lane, a target
+ * that was only slow goes before those that do not answer), then (when
+ * grouping by target) by target, then retries last, then by deadline; see
+ * worker_cycle.
  */
 static int
 job_order(const Job *x, const Job *y, bool by_target)
 {
+	if (x->failing != y->failing)
+		return x->failing ? 1 : -1;
 	if (by_target && x->target != y->target)
 		return x->target < y->target ? -1 : 1;
 	if (x->retry != y->retry)
@@ -842,7 +856,7 @@ slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
 	if (s->state == SLOT_FREE)
 		return false;
 	/* the other lane's worker serves its target */
-	if (rl_shared->targets[s->target].lane != my_lane)
+	if (rl_serving_lane(&rl_shared->targets[s->target]) != my_lane)
 		return false;
 	/* a backend's slots often come in runs: ask the cache less */
 	if (s->st.pid != scan->last_pid)
@@ -913,6 +927,7 @@ add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
 									rl_connect_timeout_ms);
 	j->late_grant = s->late_grant;
 	j->retry = has_failed(i, s->generation);
+	j->failing = rl_shared->targets[s->target].failing;
 }
 
 /* Find what needs doing: one pass over the registry, its lock held shared */

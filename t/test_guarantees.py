@@ -308,6 +308,40 @@ def test_a_silent_target_holds_up_renewals_elsewhere_once_and_briefly(silent_and
     b.close()
 
 
+def test_without_a_slow_lane_worker_the_prompt_one_serves_every_target():
+    """max_worker_processes = 2 leaves no background worker slot for the
+    slow lane's worker.  A target that failed (Redis frozen for 1.5 s, so
+    its renewals time out) must then still be renewed, by the prompt lane's
+    worker with the full timeouts; sent to a lane nobody served, the lock
+    expired while its session still held it (lost = f)."""
+    r = testbed.Redis().start()
+    # one slot for the logical replication launcher, one for the prompt lane
+    pg = fresh_pg(**{"redis_lock.url": r.url, "max_worker_processes": "2"})
+    try:
+        testbed.wait_until(lambda: len(watchdog_pids(pg.postmaster_pid())) == 1, 10, 0.05,
+                           what="the prompt lane's worker")
+        assert "too many background workers" in pg.log_text(), pg.log_text()[-2000:]
+        a = Session(pg)
+        a.run("SET redis_lock.lease_time = '3s'")
+        assert a.run("SELECT redis_lock_acquire('alone') > 0")
+        log0 = len(pg.log_text())
+        r.pause()
+        try:
+            testbed.wait_until(lambda: "could not renew" in pg.log_text()[log0:], 10, 0.05,
+                               what="a renewal to fail")
+        finally:
+            r.resume()
+        renewals = count_renewals(r.client(), "alone", 4 * S,
+                                  "the lock expired: its failed target was left to no worker")
+        assert renewals >= 2
+        assert a.run("SELECT lost FROM redis_lock_held() WHERE lock_name = 'alone'") is False
+        assert a.run("SELECT redis_lock_release('alone')") is True
+        a.close()
+    finally:
+        pg.cleanup()
+        r.stop()
+
+
 # ====================================================== 4. cluster failover
 
 @pytest.fixture

@@ -205,6 +205,29 @@ def test_the_names_of_one_round_are_resolved_together():
             m.stop()
 
 
+def test_a_name_that_never_resolves_leaves_the_others_their_connect_timeout(silent_dns):
+    """Three Redlock masters, two by address and one by a name its DNS
+    server never answers: the two still get connect_timeout for their
+    connects and the lock is taken by majority.  When all connects shared
+    the round's clock, the silent name ate it and all three failed."""
+    dns, pg = silent_dns
+    masters = [testbed.Redis().start() for _ in range(2)]
+    s = Session(pg)
+    try:
+        s.run("SET redis_lock.nodes = %s",
+              (",".join([m.url for m in masters] + ["redis://m9.rl-test:6399/0"]),))
+        t0 = time.monotonic()
+        assert s.run("SELECT redis_lock_try_acquire('dns-minority')") is True
+        print("\ntwo masters by address, one behind a silent DNS server: acquired in %.2f s"
+              % (time.monotonic() - t0))
+        assert all(m.client().exists("dns-minority") for m in masters)
+        assert s.run("SELECT redis_lock_release('dns-minority')") is True
+    finally:
+        s.close()
+        for m in masters:
+            m.stop()
+
+
 @pytest.mark.parametrize("stop", ["cancel", "terminate"])
 def test_cancel_and_terminate_end_a_name_resolution_at_once(silent_dns, stop):
     dns, pg = silent_dns
