@@ -341,6 +341,11 @@ def test_redlock_late_grants_of_frozen_masters_are_released_when_they_answer(the
         assert p.get_message(timeout=5)["type"] == "subscribe"
         subs.append(p)
     try:
+        # connections open first: on a loaded machine a connect through a
+        # proxy could take longer than node_timeout (100 ms), and then the
+        # grant was never sent to that master, so never landed late
+        assert s.run("SELECT redis_lock_try_acquire('rl5-warm')") is True
+        assert s.run("SELECT redis_lock_release('rl5-warm')") is True
         for p in proxies:
             p.deliver_after_reset = True
             p.delay = 1.0 * S            # past command_timeout (300 ms)
