@@ -25,7 +25,7 @@ import pytest
 
 from checks import assert_interruptible, assert_not_renewed, count_renewals
 from conftest import Session, wait_for_wait_event
-from renewals import watchdog_pids
+from renewals import watchdog_pid, watchdog_pids
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -309,17 +309,20 @@ def test_a_silent_target_holds_up_renewals_elsewhere_once_and_briefly(silent_and
 
 
 def test_without_a_slow_lane_worker_the_prompt_one_serves_every_target():
-    """max_worker_processes = 2 leaves no background worker slot for the
+    """max_worker_processes = 1 leaves no background worker slot for the
     slow lane's worker.  A target that failed (Redis frozen for 1.5 s, so
     its renewals time out) must then still be renewed, by the prompt lane's
     worker with the full timeouts; sent to a lane nobody served, the lock
     expired while its session still held it (lost = f)."""
     r = testbed.Redis().start()
-    # one slot for the logical replication launcher, one for the prompt lane
-    pg = fresh_pg(**{"redis_lock.url": r.url, "max_worker_processes": "2"})
+    # one slot, for the prompt lane (registered first); no logical
+    # replication launcher to take it, whatever the server version's order
+    pg = fresh_pg(**{"redis_lock.url": r.url, "max_worker_processes": "1",
+                     "max_logical_replication_workers": "0"})
     try:
         testbed.wait_until(lambda: len(watchdog_pids(pg.postmaster_pid())) == 1, 10, 0.05,
                            what="the prompt lane's worker")
+        assert watchdog_pid(pg.postmaster_pid()) is not None
         assert "too many background workers" in pg.log_text(), pg.log_text()[-2000:]
         a = Session(pg)
         a.run("SET redis_lock.lease_time = '3s'")
