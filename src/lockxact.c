@@ -289,6 +289,9 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 		return;
 	drop_unfinished_work();
 	rl_waitq_leave();
+	/* a wait cut short (a cancel a PL/pgSQL block caught) stops listening */
+	if (rl_lt_ndirty_subs > 0)
+		rl_lt_clean_dirty_subs();
 	if (rl_lt_nqueued > 0)
 	{
 		MemoryContext old = MemoryContextSwitchTo(rl_lt_work_cxt);

@@ -34,6 +34,12 @@ def subscribers(rc):
             for k, v in rc.pubsub_numsub(CHANNEL, KEYSPACE)}
 
 
+def sub_clients(rc):
+    """Names of the connections subscribed in Redis."""
+    return sorted(c["name"] for c in rc.client_list()
+                  if c.get("sub", "0") != "0" or c.get("ssub", "0") != "0")
+
+
 def queue_up(sessions, admin, rc, n, wait="30s"):
     """n sessions waiting for KEY, started one after the other (each seen
     waiting before the next starts, so arrival order is known)."""
@@ -201,9 +207,11 @@ def test_a_head_that_stops_hands_the_lead_on(sessions, rc, how):
     if how != "caught cancel":
         head.join(5)
     # the second takes the lead: it subscribes in Redis, and gets the lock
-    # as soon as it is released
-    testbed.wait_until(lambda: rc.pubsub_numsub(KEYSPACE)[0][1] == 1 and second.thread.is_alive(),
-                       5, what="the second waiter to lead")
+    # as soon as it is released; the head listens no more, even where it
+    # caught the cancel and stays in its transaction
+    testbed.wait_until(lambda: sub_clients(rc) == ["redis_lock:%d:sub" % second.pid]
+                       and rc.pubsub_numsub(KEYSPACE)[0][1] == 1 and second.thread.is_alive(),
+                       5, what="the second waiter to lead, and it alone to listen")
     t0 = time.monotonic()
     holder.run("SELECT redis_lock_release(%s)", (KEY,))
     second.join(5)
