@@ -234,6 +234,15 @@ typedef struct SlotRetry
  */
 #define RL_PROMPT_WAIT_MS	1000
 
+/*
+ * Whether this cycle bounds the prompt lane's waits: only while more than
+ * one target is in use, since the bound protects the others.  A single busy
+ * target whose rounds of 1000 renewals took over a second on a loaded
+ * machine would otherwise time out and move between lanes (renewals late).
+ * Set by run_job_groups.
+ */
+static bool prompt_bound = true;
+
 static RLLane my_lane = RL_LANE_PROMPT;
 static SlotRetry *retries = NULL;
 static TimestampTz late_logged_at = 0;
@@ -402,7 +411,7 @@ note_target(int tidx, const char *spec, int nfailed, long slowest_ms,
 		LWLockRelease(rl_shared->lock);
 		return;
 	}
-	lane = (nfailed > 0 || slowest_ms > RL_PROMPT_WAIT_MS) ?
+	lane = (nfailed > 0 || (prompt_bound && slowest_ms > RL_PROMPT_WAIT_MS)) ?
 		RL_LANE_SLOW : RL_LANE_PROMPT;
 	if (st->lane != lane)
 	{
@@ -678,7 +687,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
 	saved_connect_ms = rl_connect_timeout_ms;
 	saved_command_ms = rl_command_timeout_ms;
-	if (target->lane == RL_LANE_PROMPT)
+	if (target->lane == RL_LANE_PROMPT && prompt_bound)
 	{
 		/* not the settings: the worker's own bound, for this round only */
 		rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_PROMPT_WAIT_MS);
@@ -996,7 +1005,12 @@ copy_job_names(Job *jobs, int njobs, RLSharedTarget *targets)
 static void
 run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
 {
+	int			inuse = 0;
 	int			g;
+
+	for (g = 0; g < RL_MAX_TARGETS; g++)
+		inuse += targets[g].refs > 0 ? 1 : 0;
+	prompt_bound = inuse > 1;
 
 	if (ntaken > 1)
 		qsort(jobs, ntaken, sizeof(Job), job_cmp);
