@@ -700,7 +700,7 @@ group_by_connection(RLCall *calls, int ncalls, int timeout_ms, int *nruns)
 static void
 write_runs(RunConn *runs, int nruns, TimestampTz now)
 {
-	RunConn   **need = palloc(sizeof(RunConn *) * Max(nruns, 1));
+	RunConn   **need = NULL;	/* made only when a run must connect */
 	int			nneed = 0;
 	int			i;
 
@@ -727,15 +727,19 @@ write_runs(RunConn *runs, int nruns, TimestampTz now)
 									(conn->nowed == 0 && rl_has_unasked_bytes(conn))))))
 			rl_conn_close(conn);
 		if (conn->stream == NULL)
+		{
+			if (need == NULL)
+				need = palloc(sizeof(RunConn *) * nruns);
 			need[nneed++] = rc;
+		}
 	}
 	/* before any run's clock starts: a resolution takes its time */
 	if (nneed > 0)
 	{
 		resolve_names(need, nneed, now);
 		now = GetCurrentTimestamp();
+		pfree(need);
 	}
-	pfree(need);
 	for (i = 0; i < nruns; i++)
 	{
 		RunConn    *rc = &runs[i];
