@@ -8,14 +8,19 @@ to the millisecond.  A renewal moves the expiry; expiry - lease is when the
 renewal ran in Redis.  So:
 
   - the gap between two renewals of a key is the difference between two
-    expiry times seen, exact however seldom we sample, as long as we sample
-    more often than the key is renewed (a renewal we did not see makes the
-    gap look LONGER: a false alarm, never a missed one);
+    expiry times seen, exact as long as no renewal fell between the two
+    readings unseen (one we did not see makes the gap look LONGER: a false
+    alarm, never a missed one).  The worker sends two renewals of one lock
+    at least lease/6 apart (take_at in src/watchdog.c), so a gap whose two
+    readings are closer than that is counted as exact; one read further
+    apart (a sampler slowed down by a loaded machine) is only an upper
+    bound, counted apart as "unresolved";
   - a key not renewed for too long shows as a small PTTL (now - last renewal
     = lease - PTTL) at the next sample, even if it is renewed later;
   - a key that expired or was never set shows as PTTL -2.
 """
 import array
+import os
 import struct
 import sys
 import time
@@ -48,21 +53,27 @@ class RenewalWatch:
         self.chunk = chunk
         self.sha = client.script_load(SAMPLE_LUA)
         self.expiry = [None] * n      # expiry time (Redis ms) last seen
+        self.read_at = [None] * n     # Redis time of the key's last reading
         self.renewals = 0             # renewals seen (expiry moved)
         self.max_gap_ms = 0           # longest gap between two renewals seen
         self.max_open_ms = 0          # longest time since a renewal at a sample
         self.min_pttl_ms = None
         self.missing = 0              # readings of a key with no TTL or no key
-        self.late = []                # (key index, gap ms) over the bound
+        self.late = []                # (key, gap ms, from, to) over the bound
+        self.open_late = []           # (key, ms since renewal, from, to) over it
+        self.unresolved = 0           # gaps read too far apart to be exact
+        self.max_unresolved_ms = 0    # the longest of those (an upper bound)
         self.renewed_at = []          # Redis time of every renewal seen
         self.samples = 0
+        self.last_read_ms = None      # Redis time of the last chunk read
         self.sample_s = []            # how long each full sample took
 
     def reset_stats(self):
         """Forget what was seen so far, but keep each key's last expiry."""
         self.renewals = self.max_gap_ms = self.max_open_ms = self.missing = 0
+        self.unresolved = self.max_unresolved_ms = 0
         self.min_pttl_ms = None
-        self.late, self.renewed_at = [], []
+        self.late, self.open_late, self.renewed_at = [], [], []
 
     def bound_ms(self):
         return self.lease_ms / 3.0
@@ -85,18 +96,27 @@ class RenewalWatch:
                 if self.min_pttl_ms is None or pttl < self.min_pttl_ms:
                     self.min_pttl_ms = pttl
                 exp = now + pttl
-                self.max_open_ms = max(self.max_open_ms, self.lease_ms - pttl)
+                opened = self.lease_ms - pttl
+                self.max_open_ms = max(self.max_open_ms, opened)
+                if opened > self.bound_ms() + JITTER_MS:
+                    self.open_late.append((k + 1, opened, exp - self.lease_ms, now))
                 prev = self.expiry[k]
                 if prev is not None and exp > prev + JITTER_MS:
                     gap = exp - prev
                     self.renewals += 1
                     self.renewed_at.append(exp - self.lease_ms)
-                    if gap > self.max_gap_ms:
-                        self.max_gap_ms = gap
-                    if gap > self.bound_ms() + JITTER_MS:
-                        self.late.append((k + 1, gap))
+                    if now - self.read_at[k] >= self.lease_ms / 6.0:
+                        self.unresolved += 1
+                        self.max_unresolved_ms = max(self.max_unresolved_ms, gap)
+                    else:
+                        self.max_gap_ms = max(self.max_gap_ms, gap)
+                        if gap > self.bound_ms() + JITTER_MS:
+                            self.late.append((k + 1, gap, prev - self.lease_ms,
+                                              exp - self.lease_ms))
                 if prev is None or exp > prev:
                     self.expiry[k] = exp
+                self.read_at[k] = now
+            self.last_read_ms = now
         self.samples += 1
         self.sample_s.append(time.monotonic() - t0)
 
@@ -127,9 +147,47 @@ class RenewalWatch:
     def summary(self):
         return ("%d samples, %d renewals seen; longest gap between renewals %d ms, "
                 "longest since a renewal at a sample %d ms (bound: lease/3 = %.0f ms); "
-                "smallest PTTL %s ms; %d late, %d missing"
+                "smallest PTTL %s ms; %d late, %d missing; %d gaps read too far "
+                "apart to be exact (longest at most %d ms); slowest sample %.0f ms"
                 % (self.samples, self.renewals, self.max_gap_ms, self.max_open_ms,
-                   self.bound_ms(), self.min_pttl_ms, len(self.late), self.missing))
+                   self.bound_ms(), self.min_pttl_ms, len(self.late), self.missing,
+                   self.unresolved, self.max_unresolved_ms,
+                   1000 * max(self.sample_s or [0])))
+
+
+class CpuWait:
+    """How long some processes waited for a CPU, as the kernel counts it:
+    the time each spent runnable but not running (/proc/PID/schedstat,
+    second field), plus the machine's steal time per CPU (/proc/stat: a
+    virtual CPU the hypervisor did not run).  mark(t) records the running
+    total at Redis time t; during(a, b) is how much of it fell between the
+    last mark at or before a and the first at or after b (so at least what
+    fell between a and b)."""
+
+    def __init__(self, pids):
+        self.pids = list(pids)
+        self.ncpu = os.cpu_count() or 1
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.marks = []                  # (Redis ms, total waited ms)
+
+    def _total_ms(self):
+        total = 0.0
+        for pid in self.pids:
+            with open("/proc/%d/schedstat" % pid) as f:
+                total += int(f.read().split()[1]) / 1e6
+        with open("/proc/stat") as f:
+            steal = int(f.readline().split()[8])
+        return total + steal * 1000.0 / self.hz / self.ncpu
+
+    def mark(self, t_ms):
+        self.marks.append((t_ms, self._total_ms()))
+
+    def during(self, a_ms, b_ms):
+        before = [w for t, w in self.marks if t <= a_ms]
+        after = [w for t, w in self.marks if t >= b_ms]
+        start = before[-1] if before else self.marks[0][1]
+        end = after[0] if after else self.marks[-1][1]
+        return end - start
 
 
 def _children_titles(postmaster_pid):

@@ -1,7 +1,7 @@
 """The watchdog at scale: 20 000 watchdog-renewed locks over 4 backends,
 renewed by the one worker in bounded pipelined rounds, none ever expiring
-nor going two thirds of its lease without a renewal, as Redis sees it
-(t/renewals.py); lease/3, the period aimed at, is reported.  bench/run
+nor going longer than lease/3 without a renewal, as Redis sees it
+(t/renewals.py), but for the time the worker and Redis waited for a CPU.  bench/run
 (section watchdog_scale) runs the same at 100 000 locks."""
 import re
 import threading
@@ -52,7 +52,9 @@ def test_20000_locks_each_renewed_within_two_thirds_of_the_lease():
         assert testbed.sql_one(admin, "SELECT count(*) FROM redis_lock_locks WHERE watchdog") == N
 
         watch = renewals.RenewalWatch(r.client(), "wd-", N, LEASE_MS)
+        waited = renewals.CpuWait([wpid, r.proc.pid])
         watch.sample()
+        waited.mark(watch.last_read_ms)
         start_ms = watch.redis_now_ms()
         steady_at = None
         titles = set()
@@ -61,6 +63,7 @@ def test_20000_locks_each_renewed_within_two_thirds_of_the_lease():
         while time.monotonic() < deadline:
             t0 = time.monotonic()
             watch.sample()
+            waited.mark(watch.last_read_ms)
             titles.add(renewals.process_title(wpid))
             if steady_at is None and watch.all_renewed_since(start_ms):
                 steady_at = time.monotonic()
@@ -69,17 +72,28 @@ def test_20000_locks_each_renewed_within_two_thirds_of_the_lease():
             time.sleep(max(0.0, LEASE_MS / 12000.0 - (time.monotonic() - t0)))
         print("\n%d watchdog locks, lease %d ms: %s" % (N, LEASE_MS, watch.summary()))
         assert steady_at is not None, "not every lock was renewed within 60 s"
-        # What the bound protects: no lock ever expires, and none comes
-        # within one renewal period (lease/3) of expiring, so a renewal round
-        # that fails outright still leaves time for the next.  The worker
-        # aims at lease/3; on a loaded machine renewals come later (1184 ms
-        # at load 5-10, 1717 ms at load 10 with 20 000 locks on 2 cores,
-        # against 1000 ms): that is a measured figure, printed above, not the
-        # safety bound.
+        # What the bounds protect: no lock ever expires, and each is renewed
+        # lease/3 after the last time, so that a renewal round that fails
+        # outright still leaves two more tries before expiry.  The worker
+        # meets lease/3 on an idle machine; on a loaded one the worker and
+        # Redis wait for a CPU, and a renewal is later by up to that much
+        # (late renewals are what the log reports).  So a renewal later than
+        # lease/3 fails the test unless the time the worker and Redis spent
+        # waiting for a CPU meanwhile (the kernel's count, plus the
+        # hypervisor's steal) covers what it is over: lateness the worker
+        # causes itself fails on any machine; load fails it only by letting
+        # a lock expire (it did beside 20 CPU-bound jobs on 2 cores); what
+        # load did is printed.  The worker stopped (SIGSTOP) for 1.3 s fails
+        # it (1004 ms over lease/3, 23 ms of CPU waited; 2026-11-27).
         assert watch.missing == 0, "some lock expired"
-        assert watch.max_gap_ms <= 2 * LEASE_MS / 3 + renewals.JITTER_MS, watch.summary()
-        assert watch.max_open_ms <= 2 * LEASE_MS / 3 + renewals.JITTER_MS, watch.summary()
-        print("renewed later than lease/3: %d of %d" % (len(watch.late), watch.renewals))
+        aim = LEASE_MS / 3 + renewals.JITTER_MS
+        over = [(key, ms, ms - aim, waited.during(a, b))
+                for key, ms, a, b in watch.late + watch.open_late if ms > aim]
+        unexplained = [o for o in over if o[2] > o[3]]
+        print("later than lease/3: %d readings, the most by %.0f ms; the least CPU "
+              "wait of the worker and Redis meanwhile: %.0f ms"
+              % (len(over), max([o[2] for o in over] or [0]), min([o[3] for o in over] or [0])))
+        assert not unexplained, (unexplained[:5], watch.summary())
         assert testbed.sql_one(admin, "SELECT count(*) FROM redis_lock_locks WHERE lost") == 0
 
         # the worker's title tells what each cycle did: never more than
