@@ -12,9 +12,9 @@ renewal ran in Redis.  So:
     readings unseen (one we did not see makes the gap look LONGER: a false
     alarm, never a missed one).  The worker sends two renewals of one lock
     at least lease/6 apart (take_at in src/watchdog.c), so a gap whose two
-    readings are closer than that is counted as exact; one read further
-    apart (a sampler slowed down by a loaded machine) is only an upper
-    bound, counted apart as "unresolved";
+    readings are closer than that is marked exact; one read further apart
+    (sampled seldom, or by a sampler a loaded machine slowed down) is only
+    an upper bound;
   - a key not renewed for too long shows as a small PTTL (now - last renewal
     = lease - PTTL) at the next sample, even if it is renewed later;
   - a key that expired or was never set shows as PTTL -2.
@@ -59,10 +59,10 @@ class RenewalWatch:
         self.max_open_ms = 0          # longest time since a renewal at a sample
         self.min_pttl_ms = None
         self.missing = 0              # readings of a key with no TTL or no key
-        self.late = []                # (key, gap ms, from, to) over the bound
+        self.late = []                # (key, gap ms, from, to, exact) over the bound
         self.open_late = []           # (key, ms since renewal, from, to) over it
-        self.unresolved = 0           # gaps read too far apart to be exact
-        self.max_unresolved_ms = 0    # the longest of those (an upper bound)
+        self.max_exact_gap_ms = 0     # the longest gap read close enough to be exact
+        self.inexact = 0              # gaps read too far apart to be exact
         self.renewed_at = []          # Redis time of every renewal seen
         self.samples = 0
         self.last_read_ms = None      # Redis time of the last chunk read
@@ -71,7 +71,7 @@ class RenewalWatch:
     def reset_stats(self):
         """Forget what was seen so far, but keep each key's last expiry."""
         self.renewals = self.max_gap_ms = self.max_open_ms = self.missing = 0
-        self.unresolved = self.max_unresolved_ms = 0
+        self.max_exact_gap_ms = self.inexact = 0
         self.min_pttl_ms = None
         self.late, self.open_late, self.renewed_at = [], [], []
 
@@ -105,14 +105,15 @@ class RenewalWatch:
                     gap = exp - prev
                     self.renewals += 1
                     self.renewed_at.append(exp - self.lease_ms)
-                    if now - self.read_at[k] >= self.lease_ms / 6.0:
-                        self.unresolved += 1
-                        self.max_unresolved_ms = max(self.max_unresolved_ms, gap)
+                    exact = now - self.read_at[k] < self.lease_ms / 6.0
+                    if exact:
+                        self.max_exact_gap_ms = max(self.max_exact_gap_ms, gap)
                     else:
-                        self.max_gap_ms = max(self.max_gap_ms, gap)
-                        if gap > self.bound_ms() + JITTER_MS:
-                            self.late.append((k + 1, gap, prev - self.lease_ms,
-                                              exp - self.lease_ms))
+                        self.inexact += 1
+                    self.max_gap_ms = max(self.max_gap_ms, gap)
+                    if gap > self.bound_ms() + JITTER_MS:
+                        self.late.append((k + 1, gap, prev - self.lease_ms,
+                                          exp - self.lease_ms, exact))
                 if prev is None or exp > prev:
                     self.expiry[k] = exp
                 self.read_at[k] = now
@@ -148,10 +149,10 @@ class RenewalWatch:
         return ("%d samples, %d renewals seen; longest gap between renewals %d ms, "
                 "longest since a renewal at a sample %d ms (bound: lease/3 = %.0f ms); "
                 "smallest PTTL %s ms; %d late, %d missing; %d gaps read too far "
-                "apart to be exact (longest at most %d ms); slowest sample %.0f ms"
+                "apart to be exact, the longest exact one %d ms; slowest sample %.0f ms"
                 % (self.samples, self.renewals, self.max_gap_ms, self.max_open_ms,
                    self.bound_ms(), self.min_pttl_ms, len(self.late), self.missing,
-                   self.unresolved, self.max_unresolved_ms,
+                   self.inexact, self.max_exact_gap_ms,
                    1000 * max(self.sample_s or [0])))
 
 

@@ -87,8 +87,9 @@ def test_20000_locks_each_renewed_within_two_thirds_of_the_lease():
         # it (1004 ms over lease/3, 23 ms of CPU waited; 2026-11-27).
         assert watch.missing == 0, "some lock expired"
         aim = LEASE_MS / 3 + renewals.JITTER_MS
+        exact_late = [(key, ms, a, b) for key, ms, a, b, exact in watch.late if exact]
         over = [(key, ms, ms - aim, waited.during(a, b))
-                for key, ms, a, b in watch.late + watch.open_late if ms > aim]
+                for key, ms, a, b in exact_late + watch.open_late if ms > aim]
         unexplained = [o for o in over if o[2] > o[3]]
         print("later than lease/3: %d readings, the most by %.0f ms; the least CPU "
               "wait of the worker and Redis meanwhile: %.0f ms"
@@ -107,7 +108,7 @@ def test_20000_locks_each_renewed_within_two_thirds_of_the_lease():
         assert max(p[0] for p in passes) > 1, passes
         assert all(p[2] == 0 for p in passes), passes
         # a late renewal, when there is one, is reported in the log
-        assert not watch.late or "more than a third of their lease" in pg.log_text()
+        assert not exact_late or "more than a third of their lease" in pg.log_text()
     finally:
         for c in conns:
             c.close()
