@@ -67,8 +67,9 @@ def proxied():
 def test_a_waiter_cancelled_after_its_grant_landed_frees_the_lock(proxied, how):
     """A holds; B waits, C waits behind B on the same server.  A releases;
     B's attempt is granted in Redis but B is cancelled before the reply
-    arrives (the proxy holds it back).  Nobody holds the lock then: C must
-    get it at once, not after B's 30 s lease, while B's session idles."""
+    arrives (the proxy holds it back until B has served the cancel).
+    Nobody holds the lock then: C must get it at once, not after B's 30 s
+    lease, while B's session idles."""
     r, proxy, pg = proxied
     rc = r.client()
     rc.flushall()
@@ -86,21 +87,34 @@ def test_a_waiter_cancelled_after_its_grant_landed_frees_the_lock(proxied, how):
         c.start("SELECT redis_lock_acquire('ho', wait => '30s')")
         wait_for_wait_event(admin, c.pid)
 
-        proxy.delay = 0.3          # B's attempt reaches Redis, its reply is slow
+        # B's attempt reaches Redis; its reply must not reach B before B has
+        # served the cancel, however slow the machine: a reply let through
+        # first would make the acquire succeed, and a cancel landing later
+        # in the statement leave B holding the lock, as pg_advisory_lock
+        # would (test_cancel_at_hand_over_stress counts such rounds).  So
+        # every chunk takes 1 s through the proxy, and once the grant shows
+        # in Redis what Redis sends is held back until B's error is in.
+        proxy.delay = 1.0 * S
         release_foreign(rc, "ho")
         testbed.wait_until(lambda: (rc.get("ho") or b"").startswith(b"pgrl:") and
                            rc.get("ho") != b"pgrl:holder", 5, 0.002,
                            what="B's grant to land in Redis")
+        proxy.held = True
+        proxy.delay = 0.0                   # what is sent from now on goes at once
         os.kill(b.pid, signal.SIGINT)       # what pg_cancel_backend sends
         cancelled = time.monotonic()
-        proxy.delay = 0.0
+        b.join(5)
+        proxy.held = False
+        served = time.monotonic()
         if how == "cancel":
-            b.join(5)
             assert b.error is not None and b.error.pgcode == "57014"
+        else:
+            assert b.error is None      # caught: B stays in its transaction
         c.join(5)      # with the grant kept for B's lease: 30 s
         assert c.error is None and c.result > 0
-        took = c.finished_at - cancelled
-        print("C got the lock %.0f ms after B's cancel" % (took * 1000))
+        took = c.finished_at - served
+        print("C got the lock %.0f ms after B's cancel was served, %.0f ms after the "
+              "cancel" % (took * 1000, (c.finished_at - cancelled) * 1000))
         # the worker deletes B's grant and C is woken by that delete: about
         # 100 ms on an idle machine, well under a second on a loaded one
         assert took < 0.5 * S, "C got the lock %.2f s after B's cancel" % took
@@ -108,11 +122,10 @@ def test_a_waiter_cancelled_after_its_grant_landed_frees_the_lock(proxied, how):
         assert c.run("SELECT redis_lock_release('ho')") is True
         if how == "caught cancel":
             # B stayed in its transaction and holds nothing
-            b.join(5)
-            assert b.error is None
             assert b.run("SELECT count(*) FROM redis_lock_held()") == 0
             b.conn.rollback()
     finally:
+        proxy.held = False
         proxy.delay = 0.0
         admin.close()
         b.close()
