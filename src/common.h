@@ -8,6 +8,8 @@
  * and each layer's header includes only the header of the layer below:
  *
  *	functions.c   SQL-callable functions: argument checks, result shaping
+ *	fenceguard.c  beside it: the fence guard trigger, which calls no other
+ *				  layer (PostgreSQL only)
  *	lockmany.c    beside the lock table: several locks acquired at once,
  *				  all or nothing; keeps the table only through the rl_many_*
  *				  interface of locktable.h (lockacquire.c, lockrelease.c)
@@ -94,7 +96,7 @@
  * The extension's version, as redis_lock.control's default_version: what
  * PostgreSQL 18's pg_get_loaded_modules() shows (module.c).
  */
-#define RL_VERSION			"1.3"
+#define RL_VERSION			"1.4"
 
 /*
  * How much longer a wait made with interrupts held (releases at COMMIT,

@@ -1,6 +1,6 @@
 """The upgrade path: an installation of every earlier version, brought up
 to date with ALTER EXTENSION UPDATE, has exactly the objects of a fresh
-install of the newest version (redis_lock--1.3.sql), down to function
+install of the newest version (redis_lock--1.4.sql), down to function
 bodies, defaults, privileges, comments and the table's constraints."""
 import pytest
 
@@ -72,19 +72,19 @@ def describe(pg, db):
 def fresh(pg):
     admin = pg.connect()
     with admin.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS fresh13")
-        cur.execute("CREATE DATABASE fresh13")
+        cur.execute("DROP DATABASE IF EXISTS fresh14")
+        cur.execute("CREATE DATABASE fresh14")
     admin.close()
-    conn = pg.connect(dbname="fresh13")
+    conn = pg.connect(dbname="fresh14")
     with conn.cursor() as cur:
         cur.execute("CREATE EXTENSION redis_lock")
         cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'redis_lock'")
-        assert cur.fetchone()[0] == "1.3"
+        assert cur.fetchone()[0] == "1.4"
     conn.close()
-    return describe(pg, "fresh13")
+    return describe(pg, "fresh14")
 
 
-@pytest.mark.parametrize("start", ["1.0", "1.1", "1.2"])
+@pytest.mark.parametrize("start", ["1.0", "1.1", "1.2", "1.3"])
 def test_an_upgraded_install_matches_a_fresh_one(pg, fresh, start):
     db = "from" + start.replace(".", "")
     admin = pg.connect()
