@@ -416,12 +416,12 @@ arg_lock_names(FunctionCallInfo fcinfo, int argno, int *n)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("lock_names must not contain null"),
 					 errdetail("Element %d is null.", i + 1)));
-	if (*n > rl_max_locks)
+	if (*n > rl_session_lock_limit())
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("too many Redis locks asked for at once"),
-				 errdetail("%d names were given; redis_lock.max_locks is %d.",
-						   *n, rl_max_locks)));
+				 errdetail("%d names were given; redis_lock.max_locks_per_session is %d.",
+						   *n, rl_session_lock_limit())));
 	names = palloc(sizeof(char *) * *n);
 	for (i = 0; i < *n; i++)
 	{

@@ -673,6 +673,23 @@ rl_many_check_layout(const char *name)
 }
 
 /*
+ * Raise before anything is made unless the names of a set that have no
+ * entry yet fit under redis_lock.max_locks_per_session.
+ */
+void
+rl_many_check_room(const char *const *names, int n)
+{
+	int			more = 0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (rl_lt_entry_find(RL_MODE_EXCLUSIVE, names[i]) == NULL)
+			more++;
+	if (more > 0)
+		rl_lt_ensure_room(more);
+}
+
+/*
  * The entry an acquire of several locks works on for name: the session's
  * own when it holds the lock (*held; its holds are counted on a grant), or
  * the one a single acquire's attempt would use (a doubt of the name reused,

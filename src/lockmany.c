@@ -579,6 +579,7 @@ rl_acquire_many(const char *const *names, int n, int64 ttl_ms, int64 wait_ms,
 	*busy = 0;
 	rl_safe_point();
 	refuse_unsupported(names, n);
+	rl_many_check_room(names, n);
 
 	memset(&c, 0, sizeof(c));
 	c.target = rl_current_target();

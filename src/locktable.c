@@ -175,6 +175,26 @@ rl_lt_mode_protocol(RLLockMode mode)
 }
 
 /*
+ * Raise unless the table has room for more new entries under
+ * redis_lock.max_locks_per_session.  Entries settling a release or a doubt
+ * count too: what a session leaves in Redis is bounded, whatever it asks for.
+ */
+void
+rl_lt_ensure_room(int more)
+{
+	long		entries = hash_get_num_entries(rl_lt_held);
+	int			limit = rl_session_lock_limit();
+
+	if (entries + more > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("too many Redis locks held by this session"),
+				 errdetail("The session holds or is still settling %ld locks and asks for %d more; redis_lock.max_locks_per_session is %d.",
+						   entries, more, limit),
+				 errhint("Release locks, or ask a superuser to raise redis_lock.max_locks_per_session.")));
+}
+
+/*
  * Create an entry of one mode of a name (zero holds: a doubt until granted)
  * for the settings now.
  */
@@ -185,7 +205,10 @@ rl_lt_entry_create(RLLockMode mode, const char *name)
 	RLHeld	   *e;
 	bool		found;
 	char		hkey[RL_MAX_NAME_LEN + 2];
-	RLTarget   *target = rl_current_target();	/* may raise: nothing made yet */
+	RLTarget   *target;
+
+	rl_lt_ensure_room(1);
+	target = rl_current_target();	/* may raise: nothing made yet */
 
 	memset(&names, 0, sizeof(names));
 	rl_names_build(&names, rl_lt_mode_protocol(mode), rl_key_prefix, name,

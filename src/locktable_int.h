@@ -62,6 +62,7 @@ extern void rl_lt_ensure_table(void);
 extern void rl_lt_maybe_shrink(void);
 extern RLHeld *rl_lt_entry_find(RLLockMode mode, const char *name);
 extern RLProtocol rl_lt_mode_protocol(RLLockMode mode);
+extern void rl_lt_ensure_room(int more);
 extern RLHeld *rl_lt_entry_create(RLLockMode mode, const char *name);
 extern void rl_lt_registry_sync(RLHeld *e, bool refreshed);
 extern void rl_lt_registry_drop(RLHeld *e);

@@ -30,11 +30,25 @@
 #include "storage/proc.h"
 #include "storage/procarray.h"
 #include "storage/shmem.h"
+#include "utils/hsearch.h"
 #include "utils/memutils.h"
 
 RLShared   *rl_shared = NULL;
 static int *freelist = NULL;
 static int	registry_capacity = 0;
+
+/*
+ * How many slots each role's backends have taken (redis_lock.max_locks_per_
+ * role), under the registry lock: one entry per role with slots in use, so
+ * never more entries than slots.
+ */
+typedef struct RLRoleSlots
+{
+	Oid			roleid;
+	int			nslots;
+} RLRoleSlots;
+
+static HTAB *role_slots = NULL;
 
 #if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -52,6 +66,7 @@ shared_size(void)
 
 	sz = add_size(sz, mul_size(registry_capacity, sizeof(RLSlot)));
 	sz = add_size(sz, mul_size(registry_capacity, sizeof(int)));
+	sz = add_size(sz, hash_estimate_size(registry_capacity, sizeof(RLRoleSlots)));
 	return sz;
 }
 
@@ -73,11 +88,17 @@ redis_lock_registry_shmem_startup(void)
 {
 	bool		found;
 	int			i;
+	HASHCTL		ctl;
 
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(RLRoleSlots);
+	role_slots = ShmemInitHash("redis_lock slots per role", registry_capacity,
+							   registry_capacity, &ctl, HASH_ELEM | HASH_BLOBS);
 	rl_shared = ShmemInitStruct("redis_lock registry", shared_size(), &found);
 	freelist = (int *) &rl_shared->slots[registry_capacity];
 	if (!found)
@@ -183,6 +204,35 @@ target_ref(RLTarget *t)
 	return free_idx >= 0 ? free_idx : TARGET_TABLE_FULL;
 }
 
+/*
+ * Count delta slots for role (caller holds the lock exclusively); returns
+ * the role's count before.  An entry goes when its count is back to zero.
+ */
+static int
+role_slots_add(Oid roleid, int delta)
+{
+	RLRoleSlots *r;
+	bool		found;
+	int			before;
+
+	r = hash_search(role_slots, &roleid, delta > 0 ? HASH_ENTER_NULL : HASH_FIND,
+					&found);
+	if (r == NULL)
+	{
+		/* at most one entry per slot in use: there is always room */
+		elog(delta > 0 ? ERROR : WARNING,
+			 "redis_lock registry has no count for role %u", roleid);
+		return 0;
+	}
+	if (!found)
+		r->nslots = 0;
+	before = r->nslots;
+	r->nslots += delta;
+	if (r->nslots <= 0)
+		hash_search(role_slots, &roleid, HASH_REMOVE, NULL);
+	return before;
+}
+
 /* Free a slot and drop its target reference; caller holds the lock */
 void
 rl_slot_free(int idx)
@@ -192,6 +242,7 @@ rl_slot_free(int idx)
 
 	if (s->state == SLOT_ORPHAN)
 		pg_atomic_fetch_add_u32(&rl_shared->settled_events, 1);
+	role_slots_add(s->roleid, -1);
 	s->generation++;
 	s->state = SLOT_FREE;
 	s->st.pid = 0;
@@ -227,13 +278,34 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	int			nfree;
 	size_t		keylen = strlen(names->key);
 	size_t		namelen = strlen(name);
+	Oid			roleid = GetUserId();
+	int			role_limit;
 
 	if (rl_shared == NULL)
 		return -1;
 	/* the key is prefix + name; the slot keeps the key and where name starts */
 	Assert(keylen >= namelen && keylen - namelen <= RL_MAX_PREFIX_LEN &&
 		   strcmp(names->key + keylen - namelen, name) == 0);
+	/* outside the lock: superuser() may read the catalog */
+	role_limit = superuser() ? -1 : rl_role_lock_limit();
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	if (role_limit >= 0)
+	{
+		RLRoleSlots *r = hash_search(role_slots, &roleid, HASH_FIND, NULL);
+		int			taken = r != NULL ? r->nslots : 0;
+
+		if (taken >= role_limit)
+		{
+			LWLockRelease(rl_shared->lock);
+			ereport(ERROR,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("too many Redis locks held by role \"%s\"",
+							GetUserNameFromId(roleid, false)),
+					 errdetail("Its sessions hold or leave to the watchdog %d of the redis_lock.max_locks = %d locks; redis_lock.max_locks_per_role is %d.",
+							   taken, rl_shared->nslots, role_limit),
+					 errhint("Release locks, or ask a superuser to raise redis_lock.max_locks_per_role for this role.")));
+		}
+	}
 	nfree = rl_shared->nfree;
 	tidx = nfree > 0 ? target_ref(target) : TARGET_TABLE_FULL;
 	if (nfree == 0 || tidx < 0)
@@ -258,8 +330,10 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 				 errdetail("At most %d distinct combinations of redis_lock.url / nodes / sentinels and passwords can hold locks at once.",
 						   RL_MAX_TARGETS)));
 	}
+	role_slots_add(roleid, 1);	/* cannot fail: one entry per slot in use */
 	idx = freelist[--rl_shared->nfree];
 	s = &rl_shared->slots[idx];
+	s->roleid = roleid;
 	s->generation++;
 	s->state = SLOT_RESERVED;
 	s->in_flight = 0;

@@ -35,6 +35,8 @@ bool		rl_scripting = true;
 bool		rl_verify_on_commit = true;
 bool		rl_session_locks = true;
 int			rl_max_locks = 1024;
+int			rl_max_locks_per_session = -1;
+int			rl_max_locks_per_role = -1;
 char	   *rl_nodes = NULL;
 char	   *rl_sentinels = NULL;
 char	   *rl_sentinel_master = NULL;
@@ -558,6 +560,37 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.context = PGC_POSTMASTER,
 		.preload_only = true,
 	},
+
+	/*
+	 * The two limits below keep one session, or one role's sessions, from
+	 * taking what the others need (doc/operations.md, "Who may call what").
+	 * A superuser sets them, for everyone or per role (ALTER ROLE ... SET).
+	 */
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.max_locks_per_session",
+		.short_desc = "Most Redis locks one session may hold at once (-1: an eighth of redis_lock.max_locks).",
+		.long_desc = "Each name and mode counts once, however often it is held; "
+		"redis_lock_acquire_many is refused whole when its set does not fit.",
+		.int_var = &rl_max_locks_per_session,
+		.int_default = -1,
+		.int_min = -1,
+		.int_max = 1000000,
+		.context = PGC_SUSET,
+	},
+	{
+		.kind = RL_SETTING_INT,
+		.name = "redis_lock.max_locks_per_role",
+		.short_desc = "Most slots of the shared registry the sessions of one role other than a superuser may hold (-1: half of redis_lock.max_locks).",
+		.long_desc = "Locks the watchdog still has to release for the role's "
+		"exited sessions count too.",
+		.int_var = &rl_max_locks_per_role,
+		.int_default = -1,
+		.int_min = -1,
+		.int_max = 1000000,
+		.context = PGC_SUSET,
+		.preload_only = true,
+	},
 	{
 		.kind = RL_SETTING_STRING,
 		.name = "redis_lock.nodes",
@@ -752,6 +785,24 @@ rl_define_settings(void)
 #else
 	EmitWarningsOnPlaceholders("redis_lock");
 #endif
+}
+
+/* redis_lock.max_locks_per_session in force: -1 is an eighth of max_locks */
+int
+rl_session_lock_limit(void)
+{
+	if (rl_max_locks_per_session >= 0)
+		return rl_max_locks_per_session;
+	return Max(1, rl_max_locks / 8);
+}
+
+/* redis_lock.max_locks_per_role in force: -1 is half of max_locks */
+int
+rl_role_lock_limit(void)
+{
+	if (rl_max_locks_per_role >= 0)
+		return rl_max_locks_per_role;
+	return Max(1, rl_max_locks / 2);
 }
 
 /* "5s", "250ms", "1.5s" */

@@ -45,6 +45,8 @@ extern bool rl_scripting;
 extern bool rl_verify_on_commit;
 extern bool rl_session_locks;
 extern int	rl_max_locks;
+extern int	rl_max_locks_per_session;
+extern int	rl_max_locks_per_role;
 extern char *rl_nodes;
 extern char *rl_sentinels;
 extern char *rl_sentinel_master;
@@ -85,5 +87,7 @@ extern bool rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg);
 extern char *rl_endpoint_label(const RLEndpoint *ep);
 extern const char *rl_protocol_name(RLProtocol p);
 extern char *rl_format_ms(int64 ms);
+extern int	rl_session_lock_limit(void);
+extern int	rl_role_lock_limit(void);
 
 #endif							/* RL_SETTINGS_H */

@@ -510,6 +510,7 @@ def small_registry():
     r = testbed.Redis().start()
     pg = testbed.Postgres(conf={"redis_lock.url": r.url,
                                 "redis_lock.max_locks": "16",
+                                "redis_lock.max_locks_per_session": "16",
                                 "redis_lock.command_timeout": "1s"}).init().start().with_extension()
     yield r, pg
     pg.cleanup()
@@ -587,7 +588,8 @@ def test_a_commit_releasing_on_more_nodes_than_one_wait_set_holds(tmp_path):
                 names.append(name)
             i += 1
         pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url, "redis_lock.cluster": "on",
-                                    "redis_lock.max_locks": "256"}).init().start().with_extension()
+                                    "redis_lock.max_locks": "256",
+                                    "redis_lock.max_locks_per_session": "256"}).init().start().with_extension()
         s = Session(pg)
         s.run("SET redis_lock.verify_on_commit = off")
         s.run("BEGIN")

@@ -651,7 +651,8 @@ def test_check_cost_with_many_locks_held():
     begins, look at the PGPROCs only.  Printed with -s; bounded loosely."""
     r = testbed.Redis().start()
     pg = testbed.Postgres(conf={"redis_lock.url": r.url,
-                                "redis_lock.max_locks": str(SCALE_LOCKS + 64)}).init().start()
+                                "redis_lock.max_locks": str(SCALE_LOCKS + 64),
+                                "redis_lock.max_locks_per_session": str(SCALE_LOCKS + 64)}).init().start()
     made = []
     try:
         pg.with_extension()

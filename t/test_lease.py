@@ -275,7 +275,9 @@ def test_fencing_rejects_the_write_of_a_holder_whose_lease_expired(env):
 
 def test_registry_full_is_a_clear_error():
     r = testbed.Redis().start()
-    pg = testbed.Postgres(conf={"redis_lock.url": r.url, "redis_lock.max_locks": "16"}).init().start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url, "redis_lock.max_locks": "16",
+                                # above max_locks: the registry is what runs out
+                                "redis_lock.max_locks_per_session": "17"}).init().start()
     try:
         s = Session(pg)
         s.run("CREATE EXTENSION redis_lock")
@@ -283,6 +285,7 @@ def test_registry_full_is_a_clear_error():
         with pytest.raises(psycopg2.errors.ConfigurationLimitExceeded) as ei:
             s.run("SELECT redis_lock_acquire('cap17')")
         assert "too many Redis locks held" in str(ei.value)
+        assert "All backends together" in ei.value.diag.message_detail
         assert r.client().exists("cap17") == 0     # nothing taken
         assert s.run("SELECT redis_lock_release_all()") == 16
         assert s.run("SELECT redis_lock_acquire('cap17') > 0")

@@ -22,7 +22,8 @@ TITLE = re.compile(r"last pass: (\d+) renewed, (\d+) released, (\d+) failed in (
 def test_20000_locks_each_renewed_within_a_third_of_the_lease_but_for_cpu_wait():
     r = testbed.Redis().start()
     pg = testbed.Postgres(conf={"redis_lock.url": r.url,
-                                "redis_lock.max_locks": str(N + 64)}).init().start()
+                                "redis_lock.max_locks": str(N + 64),
+                                "redis_lock.max_locks_per_session": str(N + 64)}).init().start()
     conns = []
     try:
         pg.with_extension()
