@@ -512,7 +512,7 @@ def test_upgrade_from_1_1_keeps_marks_per_guarded_table(env):
     a.run("CREATE ROLE tenant_role")
     a.run("ALTER ROLE tenant_role SET redis_lock.key_prefix = 'tenantA:'")
     a.run("ALTER EXTENSION redis_lock UPDATE")
-    assert a.run("SELECT extversion FROM pg_extension WHERE extname = 'redis_lock'") == "1.3"
+    assert a.run("SELECT extversion FROM pg_extension WHERE extname = 'redis_lock'") == "1.4"
     marks = a.run("SELECT array_agg(m ORDER BY m) FROM (SELECT protected_table::text "
                   "|| '/' || key_prefix || lock_name || '/' || fence AS m "
                   "FROM redis_lock_fence_marks) s")
