@@ -87,6 +87,13 @@
 #define RL_MAX_KEY_LEN		(RL_MAX_PREFIX_LEN + RL_MAX_NAME_LEN)
 /* Owner identity: simple = 32 hex chars; redisson = "<uuid>:<pid>" */
 #define RL_OWNER_LEN		64
+/*
+ * What redis_lock_status() takes for a lock of any client (protocol.c,
+ * rl_is_lock_value, rl_is_holder_field): a string value of at most this many
+ * bytes, a hash of at most this many fields ("mode" included)
+ */
+#define RL_LOCK_VALUE_MAX	128
+#define RL_LOCK_FIELDS_MAX	64
 /* Most Redis servers one lock lives on (Redlock masters) */
 #define RL_MAX_NODES		16
 /* Largest lease or wait, in milliseconds (fits a signed 32-bit int) */

@@ -729,8 +729,12 @@ lock_names_for(const char *name, RLHeld **e, RLLockNames *names)
 
 /*
  * redis_lock_status(lock_name): what Redis says now.  OUT locked,
- * held_by_me, ttl, owner, redis_key, redis_type.  Under Redlock, locked and
- * held_by_me need a majority of the masters, ttl is the smallest one seen.
+ * held_by_me, ttl, owner, redis_key, redis_type.  Only a lock's owner is
+ * shown, and only in an owner form (rl_inspect_reply): a key that is not a
+ * lock gives locked NULL, no ttl and no owner, only its type.  Under
+ * Redlock, locked and held_by_me need a majority of the masters (locked is
+ * NULL without one when a master holds a key that is not a lock), ttl is
+ * the smallest one seen.
  */
 Datum
 redis_lock_status(PG_FUNCTION_ARGS)
@@ -744,6 +748,7 @@ redis_lock_status(PG_FUNCTION_ARGS)
 	bool		nulls[6] = {0};
 	const char *type = "none";
 	int			locked = 0;
+	int			other = 0;
 	int			mine = 0;
 	int64		ttl = -1;
 	char	   *owner = NULL;
@@ -765,7 +770,9 @@ redis_lock_status(PG_FUNCTION_ARGS)
 		rl_raise_undecided(RL_ACTION_INSPECT, name, &op);
 	for (i = 0; i < op.nodes; i++)
 	{
+		/* {type} or, for a lock, {type, pttl, value or holder fields} */
 		RLReply    *r = rl_op_inspect_reply(&op, i);
+		RLReply    *v;
 		const char *t;
 		bool		this_mine = false;
 
@@ -774,37 +781,43 @@ redis_lock_status(PG_FUNCTION_ARGS)
 		t = r->element[0]->str;
 		if (strcmp(t, "none") == 0)
 			continue;
-		locked++;
 		if (strcmp(type, "none") == 0)
 			type = t;
+		if (r->elements == 1)
+		{
+			other++;
+			continue;
+		}
+		locked++;
 		if (r->element[1]->integer > 0 && (ttl < 0 || r->element[1]->integer < ttl))
 			ttl = r->element[1]->integer;
-		if (r->elements > 2)
+		v = r->element[2];
+		if (v->type == REDIS_REPLY_STRING)
 		{
-			RLReply    *v = r->element[2];
+			if (owner == NULL)
+				owner = v->str;
+			this_mine = e != NULL && strcmp(v->str, e->names.owner) == 0;
+		}
+		else
+		{
+			size_t		k;
 
-			if (v->type == REDIS_REPLY_STRING)
-			{
-				if (owner == NULL)
-					owner = v->str;
-				this_mine = e != NULL && strcmp(v->str, e->names.owner) == 0;
-			}
-			else if (v->type == REDIS_REPLY_ARRAY && v->elements > 0)
-			{
-				size_t		k;
-
-				if (owner == NULL)
-					owner = v->element[0]->str;
-				for (k = 0; k < v->elements; k++)
-					if (e != NULL && strcmp(v->element[k]->str, e->names.owner) == 0)
-						this_mine = true;
-			}
+			if (owner == NULL)
+				owner = v->element[0]->str;
+			for (k = 0; k < v->elements; k++)
+				if (e != NULL && strcmp(v->element[k]->str, e->names.owner) == 0)
+					this_mine = true;
 		}
 		if (this_mine)
 			mine++;
 	}
 
-	values[0] = BoolGetDatum(locked >= quorum);
+	if (locked >= quorum)
+		values[0] = BoolGetDatum(true);
+	else if (other > 0)
+		nulls[0] = true;
+	else
+		values[0] = BoolGetDatum(false);
 	values[1] = BoolGetDatum(mine >= quorum);
 	if (ttl > 0)
 		values[2] = IntervalPGetDatum(ms_to_interval(ttl));

@@ -635,8 +635,9 @@ rl_op_found_ttl(RLLockOp *op)
 }
 
 /*
- * Node's answer to an inspect op in the inspect script's form, {type, pttl[,
- * value or owners]}, or NULL when it gave none.
+ * Node's answer to an inspect op in the inspect script's form, {type} or,
+ * for a lock, {type, pttl, value or holder fields}, or NULL when it gave
+ * none.
  */
 RLReply *
 rl_op_inspect_reply(RLLockOp *op, int node)

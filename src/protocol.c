@@ -3,8 +3,9 @@
  * protocol.c
  *	  Owns the names of the wire layouts: the keys and channels one lock
  *	  touches under each protocol (with their Redis Cluster hash tags),
- *	  owner tokens, the pub/sub commands, and the arguments every form of
- *	  an operation shares.  The bottom of the wire layouts: scripts.c,
+ *	  owner tokens, the owner forms of every client's locks (what
+ *	  redis_lock_status takes for a lock), the pub/sub commands, and the
+ *	  arguments every form of an operation shares.  The bottom of the wire layouts: scripts.c,
  *	  scriptfree.c and replies.c build on it (protocol_int.h).
  *
  *	  Must not: build or send commands (scripts.c and scriptfree.c build
@@ -365,6 +366,97 @@ rl_new_owner(RLProtocol protocol, char *owner)
 		rl_hex_encode(token_random_bytes(), RL_TOKEN_BYTES,
 					  owner + strlen(RL_TOKEN_MARKER));
 	}
+}
+
+/*
+ * The owner forms redis_lock_status() reports (doc/reference.md,
+ * "redis_lock_status"); a key in no such form is not taken for a lock, and
+ * nothing of it is shown.  The inspect script (scripts.c) makes the same
+ * checks in Lua, so that a foreign value never leaves the server.
+ */
+
+static bool
+is_hex_digit(char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/*
+ * Is this a string lock's owner value as the clients of the simple layout
+ * write it: 1 to RL_LOCK_VALUE_MAX bytes of ASCII letters, digits and
+ * "+-./:=@_"?  Ours is "pgrl:" and hex, redis-py's and node-redlock's hex,
+ * redsync's base64, a hand-written Java lock's a UUID.  JSON, text with
+ * spaces or quotes, and any byte outside ASCII are not.
+ */
+bool
+rl_is_lock_value(const char *s, size_t len)
+{
+	static const char punct[] = "+-./:=@_";
+	size_t		i;
+
+	if (len == 0 || len > RL_LOCK_VALUE_MAX)
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		char		c = s[i];
+
+		if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ||
+			  (c >= 'a' && c <= 'z') ||
+			  (c != '\0' && memchr(punct, c, sizeof(punct) - 1) != NULL)))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Is this a holder field of Redisson's lock hashes: "<uuid>:<thread id>"
+ * (RLock, RFairLock, a reader of RReadWriteLock; a SQL session writes
+ * "<uuid>:<pid>"), or that and ":write" (RReadWriteLock's writer)?  The
+ * thread id is a Java long: an optional "-" and 1 to 19 digits.  *writer
+ * says whether it is a writer's field.
+ */
+bool
+rl_is_holder_field(const char *s, size_t len, bool *writer)
+{
+	static const char uuid[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+	const size_t ulen = sizeof(uuid) - 1;
+	size_t		i;
+
+	*writer = len > 6 && memcmp(s + len - 6, ":write", 6) == 0;
+	if (*writer)
+		len -= 6;
+	/* "<uuid>:", then the thread id */
+	if (len < ulen + 2 || len > ulen + 1 + 20 || s[ulen] != ':')
+		return false;
+	for (i = 0; i < ulen; i++)
+		if (uuid[i] == '-' ? s[i] != '-' : !is_hex_digit(s[i]))
+			return false;
+	i = ulen + 1;
+	if (s[i] == '-')
+		i++;
+	if (i == len || len - i > 19)
+		return false;
+	for (; i < len; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+	return true;
+}
+
+/*
+ * Is this a hold count of a Redisson lock hash's holder field: a positive
+ * decimal integer (Redisson counts reentrant holds there)?
+ */
+bool
+rl_is_hold_count(const char *s, size_t len)
+{
+	size_t		i;
+
+	if (len == 0 || len > 19 || s[0] == '0')
+		return false;
+	for (i = 0; i < len; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+	return true;
 }
 
 /* The subscribe command for release channels: sharded or classic pub/sub */

@@ -32,6 +32,9 @@ extern char *rl_fair_timeout_key(const RLLockNames *n);
 extern char *rl_rw_read_timeout_key(const RLLockNames *n);
 extern char *rl_rw_timeout_prefix(const char *key);
 extern char *rl_redisson_prefix_name(const char *prefix, const char *key);
+extern bool rl_is_lock_value(const char *s, size_t len);
+extern bool rl_is_holder_field(const char *s, size_t len, bool *writer);
+extern bool rl_is_hold_count(const char *s, size_t len);
 
 /* scriptfree.c: the script-free form of an operation */
 extern int	rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind,

@@ -39,6 +39,13 @@ is_script_unit(const RLCall *unit)
 		 pg_strcasecmp(unit->argv[0], "EVAL") == 0);
 }
 
+/* A string or status reply of exactly these bytes (no NUL hidden in it) */
+static bool
+bytes_are(const RLReply *r, const char *text)
+{
+	return is_text(r) && r->len == strlen(text) && memcmp(r->str, text, r->len) == 0;
+}
+
 static bool
 is_status(const RLReply *r, const char *text)
 {
@@ -228,34 +235,122 @@ rl_parse_acquire_many(RLCall *call, int n, RLAcquireManyResult *res)
 }
 
 /*
- * Is this the inspect script's reply: {type, pttl[, value or field names]},
- * every part of the type the script returns?
+ * Is this what TYPE answers: a Redis type's name ("string", "hash", ...) or
+ * a module type's (nine characters, such as "ReJSON-RL")?
+ */
+static bool
+is_type_name(const RLReply *r)
+{
+	size_t		i;
+
+	if (!is_text(r) || r->len == 0 || r->len > 32)
+		return false;
+	for (i = 0; i < r->len; i++)
+	{
+		char		c = r->str[i];
+
+		if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ||
+			  (c >= 'a' && c <= 'z') || c == '-' || c == '_'))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Is this an inspect reply in the script's form: {type} for anything that
+ * is not a lock, or {type, pttl, owner} for a lock, where a string's owner
+ * is its value and a hash's the array of its holder fields, each in an
+ * owner form (protocol.c)?  The script sends nothing else; a reply that
+ * is anything else, from a server that is not what it seems, is not used,
+ * so that only such forms ever reach a SQL value.
  */
 bool
 rl_inspect_reply_valid(const RLReply *r)
 {
+	const RLReply *v;
 	size_t		i;
+	bool		writer;
 
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-		r->elements > 3 || !is_text(r->element[0]) ||
-		r->element[1]->type != REDIS_REPLY_INTEGER)
+	if (r == NULL || r->type != REDIS_REPLY_ARRAY ||
+		(r->elements != 1 && r->elements != 3) || !is_type_name(r->element[0]))
 		return false;
-	if (r->elements == 2)
+	if (r->elements == 1)
 		return true;
-	if (is_text(r->element[2]))
-		return true;
-	if (r->element[2]->type != REDIS_REPLY_ARRAY)
+	if (r->element[1]->type != REDIS_REPLY_INTEGER || r->element[1]->integer < 0)
 		return false;
-	for (i = 0; i < r->element[2]->elements; i++)
-		if (!is_text(r->element[2]->element[i]))
+	v = r->element[2];
+	if (bytes_are(r->element[0], "string"))
+		return v->type == REDIS_REPLY_STRING && rl_is_lock_value(v->str, v->len);
+	if (!bytes_are(r->element[0], "hash") || v->type != REDIS_REPLY_ARRAY ||
+		v->elements == 0 || v->elements > RL_LOCK_FIELDS_MAX)
+		return false;
+	for (i = 0; i < v->elements; i++)
+		if (v->element[i]->type != REDIS_REPLY_STRING ||
+			!rl_is_holder_field(v->element[i]->str, v->element[i]->len, &writer))
 			return false;
 	return true;
 }
 
 /*
- * The inspect reply of a unit of n calls in the script's form, {type,
- * pttl[, value or field names]} (a script-free unit's answers put in that
- * form, without a read-write lock's "mode" field), or NULL if it has none.
+ * The holder fields of a hash that HRANDFIELD ... WITHVALUES answered
+ * whole (fields and values in turn), as the inspect script makes them: a
+ * writer's first; NULL when it is not a lock's hash in the form the script
+ * takes (scripts.c, inspect).
+ */
+static RLReply *
+free_hash_holders(const RLReply *kv)
+{
+	RLReply    *holders;
+	const RLReply *mode = NULL;
+	int			writers = 0;
+	size_t		i;
+
+	if (kv->type != REDIS_REPLY_ARRAY || kv->elements % 2 != 0 ||
+		kv->elements / 2 > RL_LOCK_FIELDS_MAX)
+		return NULL;
+	holders = palloc0(sizeof(RLReply));
+	holders->type = REDIS_REPLY_ARRAY;
+	holders->element = palloc(sizeof(RLReply *) * Max(kv->elements / 2, 1));
+	for (i = 0; i < kv->elements; i += 2)
+	{
+		RLReply    *f = kv->element[i];
+		RLReply    *v = kv->element[i + 1];
+		bool		writer;
+
+		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+			return NULL;
+		if (bytes_are(f, "mode"))
+		{
+			if (!bytes_are(v, "read") && !bytes_are(v, "write"))
+				return NULL;
+			mode = v;
+			continue;
+		}
+		if (!rl_is_holder_field(f->str, f->len, &writer) ||
+			!rl_is_hold_count(v->str, v->len))
+			return NULL;
+		if (writer)
+		{
+			writers++;
+			memmove(holders->element + 1, holders->element,
+					sizeof(RLReply *) * holders->elements);
+			holders->element[0] = f;
+		}
+		else
+			holders->element[holders->elements] = f;
+		holders->elements++;
+	}
+	if (holders->elements == 0 ||
+		(writers > 0) != (mode != NULL && bytes_are(mode, "write")))
+		return NULL;
+	return holders;
+}
+
+/*
+ * The inspect reply of a unit of n calls in the script's form (see
+ * rl_inspect_reply_valid), or NULL if it has none.  A script-free unit's
+ * answers (TYPE, PTTL, GETRANGE, HRANDFIELD, scriptfree.c) are put in that
+ * form by the same rules as the script's.
  */
 RLReply *
 rl_inspect_reply(RLCall *unit, int n)
@@ -263,38 +358,32 @@ rl_inspect_reply(RLCall *unit, int n)
 	RLReply    *x;
 	RLReply    *out;
 	RLReply    *type;
+	RLReply    *pttl;
 	RLReply    *v = NULL;
 
 	if (is_script_unit(unit))
 		return rl_inspect_reply_valid(unit->reply) ? unit->reply : NULL;
-	/* TYPE, PTTL, GET, HKEYS */
 	x = exec_reply(unit, n);
-	if (x == NULL || !is_text(x->element[0]) ||
+	if (x == NULL || x->elements != 4 || !is_text(x->element[0]) ||
 		x->element[1]->type != REDIS_REPLY_INTEGER)
 		return NULL;
 	type = x->element[0];
-	if (strcmp(type->str, "string") == 0)
-		v = x->element[2];
-	else if (strcmp(type->str, "hash") == 0)
+	pttl = x->element[1];
+	if (pttl->integer >= 0 && bytes_are(type, "string"))
 	{
-		RLReply    *keys = x->element[3];
-		size_t		i;
-
-		if (keys->type != REDIS_REPLY_ARRAY)
-			return NULL;
-		v = palloc0(sizeof(RLReply));
-		v->type = REDIS_REPLY_ARRAY;
-		v->element = palloc(sizeof(RLReply *) * Max(keys->elements, 1));
-		for (i = 0; i < keys->elements; i++)
-			if (!is_text(keys->element[i]) || strcmp(keys->element[i]->str, "mode") != 0)
-				v->element[v->elements++] = keys->element[i];
+		/* GETRANGE gave at most RL_LOCK_VALUE_MAX + 1 bytes */
+		v = x->element[2];
+		if (v->type != REDIS_REPLY_STRING || !rl_is_lock_value(v->str, v->len))
+			v = NULL;
 	}
+	else if (pttl->integer >= 0 && bytes_are(type, "hash"))
+		v = free_hash_holders(x->element[3]);
 	out = palloc0(sizeof(RLReply));
 	out->type = REDIS_REPLY_ARRAY;
-	out->elements = v != NULL ? 3 : 2;
+	out->elements = v != NULL ? 3 : 1;
 	out->element = palloc(sizeof(RLReply *) * 3);
 	out->element[0] = type;
-	out->element[1] = x->element[1];
+	out->element[1] = pttl;
 	out->element[2] = v;
 	return rl_inspect_reply_valid(out) ? out : NULL;
 }

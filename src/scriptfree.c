@@ -117,8 +117,12 @@ free_delete(RLCall *unit, RLConn *conn, const RLLockNames *n, const char *token)
  * extend: SET key token IFEQ token PX lease (nil: not ours; never creates).
  * renew: PTTL key / SET key token IFEQ token PX lease.
  * force: MULTI / TYPE key / GET key / EXEC, then rl_build_force_delete.
- * inspect: MULTI / TYPE key / PTTL key / GET key / HKEYS key / EXEC (the
- *   one of GET and HKEYS that does not fit the type answers WRONGTYPE).
+ * inspect: MULTI / TYPE key / PTTL key / GETRANGE key 0 RL_LOCK_VALUE_MAX /
+ *   HRANDFIELD key RL_LOCK_FIELDS_MAX + 1 WITHVALUES / EXEC (the one of
+ *   GETRANGE and HRANDFIELD that does not fit the type answers WRONGTYPE).
+ *   Both are bounded: one byte more than a lock's value may have, one
+ *   field more than a lock's hash may have (the whole hash when it has no
+ *   more); replies.c keeps only what is a lock's, as the script does.
  */
 int
 rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
@@ -189,14 +193,16 @@ rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 			if (unit == NULL)
 				return 6;
 			{
-				const char *get[2] = {"GET", n->key};
-				const char *hkeys[2] = {"HKEYS", n->key};
+				const char *range[4] = {"GETRANGE", n->key, "0",
+				CppAsString2(RL_LOCK_VALUE_MAX)};
+				const char *fields[4] = {"HRANDFIELD", n->key,
+				psprintf("%d", RL_LOCK_FIELDS_MAX + 1), "WITHVALUES"};
 
 				free_call(unit, k++, conn, 1, multi);
 				free_call(unit, k++, conn, 2, type);
 				free_call(unit, k++, conn, 2, pttl);
-				free_call(unit, k++, conn, 2, get);
-				free_call(unit, k++, conn, 2, hkeys);
+				free_call(unit, k++, conn, 4, range);
+				free_call(unit, k++, conn, 4, fields);
 				free_call(unit, k++, conn, 1, exec);
 			}
 			return k;

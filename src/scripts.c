@@ -298,21 +298,56 @@ static const char *force_lua =
 "return 1\n";
 
 /*
- * Inspect.  KEYS: lock.  Returns {type, pttl, value or owner fields} (a
- * read-write lock's "mode" field is not an owner).
+ * Inspect.  KEYS: lock.  Returns {type, pttl, owner} for a lock of any
+ * layout, {type} for anything else (rl_inspect_reply_valid): nothing of a
+ * key that is not a lock leaves the server.  A lock has a TTL and is a
+ * string holding an owner value (rl_is_lock_value: at most
+ * RL_LOCK_VALUE_MAX bytes of letters, digits and "+-./:=@_"), or a hash
+ * as Redisson's layouts write it (at most RL_LOCK_FIELDS_MAX fields, each
+ * "<uuid>:<thread id>" or a writer's "<uuid>:<thread id>:write" holding a
+ * positive count, or "mode" = "read" or "write", with writers exactly when
+ * the mode is "write"); its owner is then the holder fields, a writer's
+ * first.  A value is read only once its length is known to be small, and
+ * a hash only once it has few fields: the script's work is bounded too.
  */
 static const char *inspect_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
 "local p = redis.call('pttl', KEYS[1])\n"
-"if t == 'string' then return {t, p, redis.call('get', KEYS[1])} end\n"
-"if t == 'hash' then\n"
-"  local owners = {}\n"
-"  for _, f in ipairs(redis.call('hkeys', KEYS[1])) do\n"
-"    if f ~= 'mode' then owners[#owners + 1] = f end\n"
-"  end\n"
-"  return {t, p, owners}\n"
+"if p < 0 then return {t} end\n"
+"if t == 'string' then\n"
+"  if redis.call('strlen', KEYS[1]) > " CppAsString2(RL_LOCK_VALUE_MAX) " then return {t} end\n"
+"  local v = redis.call('get', KEYS[1])\n"
+"  if not string.find(v, '^[0-9A-Za-z%+%-%./:=@_]+$') then return {t} end\n"
+"  return {t, p, v}\n"
 "end\n"
-"return {t, p}\n";
+"if t ~= 'hash' or redis.call('hlen', KEYS[1]) > " CppAsString2(RL_LOCK_FIELDS_MAX) " then\n"
+"  return {t}\n"
+"end\n"
+"local id = '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x:%-?(%d+)$'\n"
+"local kv = redis.call('hgetall', KEYS[1])\n"
+"local mode, writers, owners = nil, 0, {}\n"
+"for i = 1, #kv, 2 do\n"
+"  local f, v = kv[i], kv[i + 1]\n"
+"  if f == 'mode' then\n"
+"    if v ~= 'read' and v ~= 'write' then return {t} end\n"
+"    mode = v\n"
+"  else\n"
+"    local h, w = f, string.sub(f, -6) == ':write'\n"
+"    if w then h = string.sub(f, 1, -7) end\n"
+"    local tid = string.match(h, id)\n"
+"    if not tid or #tid > 19 or #v > 19 or not string.find(v, '^[1-9]%d*$') then\n"
+"      return {t}\n"
+"    end\n"
+"    if w then\n"
+"      writers = writers + 1\n"
+"      table.insert(owners, 1, f)\n"
+"    else\n"
+"      owners[#owners + 1] = f\n"
+"    end\n"
+"  end\n"
+"end\n"
+"if #owners == 0 or (writers > 0) ~= (mode == 'write') then return {t} end\n"
+"return {t, p, owners}\n";
 
 /*
  * Read-write locks: Redisson's RReadWriteLock layout

@@ -317,8 +317,8 @@ class FakeRedis:
                     return integer(0)
                 del self.keys[key]
                 return integer(1)
-            if cur is None:                 # inspect
-                return array(bulk("none"), integer(-2))
+            if cur is None:                 # inspect: {type} when not a lock
+                return array(bulk("none"))
             return array(bulk("string"), integer(int((cur[1] - now) * 1000)), bulk(cur[0]))
         if kind == "subscribe":
             return array(bulk(name.lower()), bulk(argv[1]), integer(1))

@@ -72,6 +72,9 @@ def test_java_holder_excludes_sql_and_its_last_unlock_wakes_sql(java, rsql, sess
     assert java.call("t1", "count", "orders") == "2"
     assert rc.hgetall("orders") == {field.encode(): b"2"}
     assert 0 < rc.pttl("orders") <= WATCHDOG_MS
+    # redis_lock_status shows Redisson's holder as the owner
+    assert admin.run("SELECT locked, held_by_me, owner, redis_type "
+                     "FROM redis_lock_status('orders')") == (True, False, field, "hash")
     # SQL neither gets it nor releases it
     assert a.run("SELECT redis_lock_try_acquire('orders')") is False
     assert a.run("SELECT redis_lock_release('orders')") is False
@@ -246,6 +249,9 @@ def test_java_and_sql_readers_share_and_exclude_writers_both_ways(java, sessions
     assert rc.hget("catalog", "mode") == b"read"
     assert rc.hget("catalog", field) == b"1"
     assert len(rw_timeout_keys(rc, "catalog")) == 2          # one per reader
+    # redis_lock_status takes Redisson's read-write hash for a lock
+    locked, owner = b.run("SELECT locked, owner FROM redis_lock_status('catalog')")
+    assert locked is True and owner in [f.decode() for f in rc.hkeys("catalog") if f != b"mode"]
     # neither side's writer gets in while the other side reads
     assert b.run("SELECT redis_lock_try_acquire_write('catalog', wait => '100ms')") is False
     assert java.call("w1", "rwtrylock", "write", "catalog", 100, -1) is False
@@ -258,6 +264,8 @@ def test_java_and_sql_readers_share_and_exclude_writers_both_ways(java, sessions
     assert rc.exists("catalog") == 0 and rw_timeout_keys(rc, "catalog") == []
     # a Java writer excludes SQL readers and writers; SQL cannot release it
     assert java.call("w1", "rwlock", "write", "catalog") is True
+    assert b.run("SELECT locked, owner FROM redis_lock_status('catalog')") == \
+        (True, java.call("w1", "hello") + ":write")
     assert a.run("SELECT redis_lock_try_acquire_read('catalog', wait => '100ms')") is False
     assert a.run("SELECT redis_lock_try_acquire_write('catalog')") is False
     assert a.run("SELECT redis_lock_release_write('catalog')") is False
@@ -396,6 +404,8 @@ def test_a_mixed_queue_of_java_threads_and_sql_sessions_is_served_in_arrival_ord
         testbed.wait_until(lambda: rc.llen(queue) == n, 10, what="%d waiters queued" % n)
 
     assert java.call("f0", "fairlock", "fair-mix") is True
+    assert admin.run("SELECT locked, owner FROM redis_lock_status('fair-mix')") == \
+        (True, java.call("f0", "hello"))
     a.start("SELECT redis_lock_acquire('fair-mix', wait => '30s') > 0")
     queued(1)
     j1 = java.send("f1", "fairlock", "fair-mix")

@@ -938,10 +938,16 @@ class Redis84(FakeRedis):
             return integer(-1 if cur[1] is None else int((cur[1] - now) * 1000))
         if name == b"TYPE":
             return b"+%s\r\n" % (b"string" if cur else b"hash" if key in self.hashes else b"none")
-        if name == b"HKEYS":
+        if name == b"GETRANGE":
+            if key in self.hashes:
+                return wrongtype
+            v = cur[0] if cur else b""
+            return bulk(v[int(argv[2]):int(argv[3]) + 1])
+        if name == b"HRANDFIELD":
             if cur is not None:
                 return wrongtype
-            return array(*[bulk(f) for f in self.hashes.get(key, {})])
+            h = list(self.hashes.get(key, {}).items())[:int(argv[2])]
+            return array(*[bulk(x) for kv in h for x in kv])
         if name == b"DELEX":
             if len(argv) != 4 or argv[2].upper() != b"IFEQ":
                 return b"-ERR syntax error\r\n"
@@ -1018,8 +1024,8 @@ def test_redis84_delex_path_word_for_word(f84):
     assert fake.sent(n) == [["SET", "k", token, "IFEQ", token, "PX", "20000"]]
     n = len(fake.log)
     assert s.run("SELECT held_by_me FROM redis_lock_status('k')") is True
-    assert fake.sent(n) == [["MULTI"], ["TYPE", "k"], ["PTTL", "k"], ["GET", "k"],
-                            ["HKEYS", "k"], ["EXEC"]]
+    assert fake.sent(n) == [["MULTI"], ["TYPE", "k"], ["PTTL", "k"], ["GETRANGE", "k", "0", "128"],
+                            ["HRANDFIELD", "k", "65", "WITHVALUES"], ["EXEC"]]
     n = len(fake.log)
     assert s.run("SELECT redis_lock_release('k')") is True
     assert fake.sent(n) == [["DELEX", "k", "IFEQ", token],
