@@ -30,6 +30,13 @@ SELECT regexp_replace(try($$SET redis_lock.lease_time = '10ms'$$),
 
 -- non-superusers: may tune waits and leases, may not redirect or read secrets
 CREATE ROLE regress_rl_user;
+-- a password is not stored where every role reads it (pg_db_role_setting,
+-- pg_proc), and the refusal does not repeat it (t/test_security_secrets.py)
+SELECT try($$ALTER ROLE regress_rl_user SET redis_lock.password = 'top-secret'$$);
+SELECT try($$CREATE FUNCTION regress_rl_f() RETURNS int LANGUAGE sql
+             SET redis_lock.sentinel_password = 'top-secret' AS 'SELECT 1'$$);
+ALTER ROLE regress_rl_user SET redis_lock.password = '';
+ALTER ROLE regress_rl_user RESET redis_lock.password;
 SET redis_lock.password = 'top-secret';
 SET ROLE regress_rl_user;
 SELECT try($$SET redis_lock.url = 'redis://evil:6379/0'$$);

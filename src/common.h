@@ -57,7 +57,8 @@
  *	stream.c      the bytes of one connection: socket, TLS (OpenSSL), the
  *				  hiredis RESP codec
  *	resolve.c     host names to addresses (c-ares), waited for on the latch
- *	settings.c    GUCs, parsing of redis_lock.url, durations for messages
+ *	settings.c    GUCs, parsing of redis_lock.url, the password file,
+ *				  durations for messages
  *	stats.c       the counters of redis_lock_stats(), the wait events
  *
  * module.c, the entry point, sits above them all.

@@ -522,13 +522,13 @@ failure_message_and_hint(const RLCall *call)
 			errhint("Check redis_lock.tls_ca_file, redis_lock.tls_cert_file, redis_lock.tls_verify and that the port speaks TLS.");
 			return errmsg("could not establish a TLS connection to Redis at %s", s);
 		case RL_FAIL_PASSWORD:
-			errhint("Check redis_lock.password and the user in redis_lock.url.");
+			errhint("Check redis_lock.password or redis_lock.password_file, and the user in redis_lock.url.");
 			return errmsg("password authentication failed for Redis at %s", s);
 		case RL_FAIL_NOAUTH:
-			errhint("Check redis_lock.password and the user in redis_lock.url.");
+			errhint("Check redis_lock.password or redis_lock.password_file, and the user in redis_lock.url.");
 			return errmsg("Redis at %s requires authentication", s);
 		case RL_FAIL_AUTH:
-			errhint("Check redis_lock.password and the user in redis_lock.url.");
+			errhint("Check redis_lock.password or redis_lock.password_file, and the user in redis_lock.url.");
 			return errmsg("Redis at %s refused authentication", s);
 		case RL_FAIL_SETUP:
 			errhint("Check the database number in redis_lock.url.");

@@ -1,9 +1,12 @@
 /*-------------------------------------------------------------------------
  *
  * settings.c
- *	  Owns every redis_lock.* setting (GUC) and the parsing of redis:// URLs.
+ *	  Owns every redis_lock.* setting (GUC), the refusal of passwords stored
+ *	  where every role can read them, the parsing of redis:// URLs and the
+ *	  lookup of a connection's password in redis_lock.password_file.
  *
- *	  Nothing here talks to Redis or touches the lock table.  Changing a
+ *	  Nothing here talks to Redis or touches the lock table; the password
+ *	  file is read by whoever connects (transport.c's handshake).  Changing a
  *	  setting that decides where or how we connect bumps
  *	  rl_settings_generation; connection.c, transport.c and topology.c
  *	  compare it to drop what they cached.
@@ -18,13 +21,18 @@
 #include "settings.h"
 
 #include <ctype.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "miscadmin.h"
+#include "storage/fd.h"
 #include "utils/guc.h"
 
 char	   *rl_url = NULL;
 char	   *rl_password = NULL;
+char	   *rl_password_file = NULL;
 char	   *rl_key_prefix = NULL;
 int			rl_lease_time_ms = 30000;
 int			rl_wait_timeout_ms = 10000;
@@ -52,6 +60,9 @@ char	   *rl_tls_key_file = NULL;
 int			rl_tls_verify = RL_TLS_VERIFY_FULL;
 
 uint64		rl_settings_generation = 1;
+
+/* Were the settings defined while being preloaded (inherited by backends)? */
+static bool settings_preloaded = false;
 
 static const struct config_enum_entry tls_verify_options[] = {
 	{"full", RL_TLS_VERIFY_FULL, false},
@@ -95,6 +106,10 @@ has_space_or_control(const char *s)
 	return false;
 }
 
+/* rl_parse_url's detail for a URL that carries a password (compared by address) */
+static const char *const url_password_msg =
+gettext_noop("The settings that hold URLs are readable by every role.");
+
 /* "user@" before the host, if any; returns the error text or NULL */
 static const char *
 parse_url_user(const char **p, RLEndpoint *ep)
@@ -107,7 +122,7 @@ parse_url_user(const char **p, RLEndpoint *ep)
 		return NULL;
 	ulen = at - *p;
 	if (memchr(*p, ':', ulen) != NULL)
-		return gettext_noop("Put the password in redis_lock.password, not in the URL.");
+		return url_password_msg;
 	if (ulen == 0 || ulen >= sizeof(ep->user))
 		return gettext_noop("The user name in the URL is empty or too long.");
 	memcpy(ep->user, *p, ulen);
@@ -193,7 +208,8 @@ parse_url_port_db(const char *p, RLEndpoint *ep)
 /*
  * Parse redis://[user@]host[:port][/db] into *ep.  IPv6 hosts go in
  * brackets.  A password in the URL is refused: the URL is readable by every
- * user, the password belongs in redis_lock.password, which is not.  On
+ * role, the password belongs in redis_lock.password_file or
+ * redis_lock.password, which are not.  On
  * failure returns false with *errmsg set to a detail (marked for
  * translation, not translated: callers apply _()).
  */
@@ -239,6 +255,228 @@ rl_endpoint_label(const RLEndpoint *ep)
 	return psprintf(v6 ? "[%s]:%d" : "%s:%d", ep->host, ep->port);
 }
 
+/* ----------------------------------------------------------------
+ * The password file (redis_lock.password_file)
+ * ----------------------------------------------------------------
+ */
+
+/* The largest password file read; a bigger one is ignored */
+#define RL_PASSWORD_FILE_MAX	(1024 * 1024)
+
+/*
+ * One field of a password file line: from *p up to an unescaped ':' (not
+ * included) or end, "\x" read as "x", copied into out, which has room for
+ * it.  *wild tells whether the field is an unescaped "*".  A field before
+ * the last must end at a ':', and the last must not; else returns false.
+ */
+static bool
+password_file_field(const char **p, const char *end, char *out, bool last,
+					bool *wild)
+{
+	const char *start = *p;
+	const char *s = start;
+
+	while (s < end && *s != ':')
+	{
+		if (*s == '\\' && s + 1 < end)
+			s++;
+		*out++ = *s++;
+	}
+	*out = '\0';
+	*wild = s - start == 1 && *start == '*';
+	if (last ? s < end : s >= end)
+		return false;
+	*p = last ? s : s + 1;
+	return true;
+}
+
+/*
+ * Does the line from p to end name ep?  Its password goes into pw, which has
+ * room for the line (zeroed by the caller).  *malformed: the line is not
+ * four fields.
+ */
+static bool
+password_file_line_matches(const char *p, const char *end,
+						   const RLEndpoint *ep, char *pw, bool *malformed)
+{
+	size_t		len = end - p;
+	char	   *field = palloc(len + 1);
+	char		port[16];
+	const char *user = ep->user[0] != '\0' ? ep->user : "default";
+	bool		wild;
+	bool		match = false;
+
+	snprintf(port, sizeof(port), "%d", ep->port);
+	*malformed = true;
+	if (!password_file_field(&p, end, field, false, &wild))
+		goto out;
+	match = wild || pg_strcasecmp(field, ep->host) == 0;
+	if (!password_file_field(&p, end, field, false, &wild))
+		goto out;
+	match = match && (wild || strcmp(field, port) == 0);
+	if (!password_file_field(&p, end, field, false, &wild))
+		goto out;
+	match = match && (wild || strcmp(field, user) == 0);
+	if (!password_file_field(&p, end, pw, true, &wild))
+		goto out;
+	*malformed = false;
+out:
+	explicit_bzero(field, len + 1);
+	pfree(field);
+	return match && !*malformed;
+}
+
+/*
+ * The text of the password file, palloc'd and NUL-terminated (the caller
+ * zeroes and frees it), or NULL with a WARNING when it cannot be read or is
+ * ignored: libpq's rules for .pgpass, not a regular file or accessible by
+ * group or others.  O_NONBLOCK: opening a FIFO must not hang the backend.
+ */
+static char *
+password_file_read(const char *path, size_t *len)
+{
+	int			fd;
+	struct stat st;
+	char	   *buf = NULL;
+	size_t		got = 0;
+
+	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY | O_NONBLOCK);
+	if (fd < 0)
+	{
+		ereport(WARNING,
+				(errcode_for_file_access(),
+				 errmsg("could not open Redis password file \"%s\": %m", path)));
+		return NULL;
+	}
+	if (fstat(fd, &st) != 0)
+		ereport(WARNING,
+				(errcode_for_file_access(),
+				 errmsg("could not stat Redis password file \"%s\": %m", path)));
+	else if (!S_ISREG(st.st_mode))
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("ignoring Redis password file \"%s\"", path),
+				 errdetail("It is not a regular file.")));
+	else if (st.st_mode & (S_IRWXG | S_IRWXO))
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("ignoring Redis password file \"%s\"", path),
+				 errdetail("It is accessible by group or others."),
+				 errhint("Make it accessible to the server's operating system user only (chmod 0600).")));
+	else if (st.st_size > RL_PASSWORD_FILE_MAX)
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIG_FILE_ERROR),
+				 errmsg("ignoring Redis password file \"%s\"", path),
+				 errdetail("It is larger than %d bytes.", RL_PASSWORD_FILE_MAX)));
+	else
+	{
+		buf = palloc(st.st_size + 1);
+		while (got < (size_t) st.st_size)
+		{
+			ssize_t		n = read(fd, buf + got, st.st_size - got);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0)
+			{
+				ereport(WARNING,
+						(errcode_for_file_access(),
+						 errmsg("could not read Redis password file \"%s\": %m", path)));
+				explicit_bzero(buf, got);
+				pfree(buf);
+				buf = NULL;
+				break;
+			}
+			if (n == 0)
+				break;			/* shrank meanwhile: what is there */
+			got += n;
+		}
+		if (buf != NULL)
+			buf[got] = '\0';
+	}
+	CloseTransientFile(fd);
+	*len = got;
+	return buf;
+}
+
+/*
+ * The password for a connection to ep from redis_lock.password_file,
+ * palloc'd (the caller zeroes and frees it), or NULL: the setting is empty,
+ * the file is ignored (with a WARNING), or no line names ep.  A line is
+ * host:port:user:password, "*" in any of the first three matches anything,
+ * "\:" and "\\" stand for ":" and "\", a line starting with "#" is a
+ * comment; the first line that names ep wins.  A URL without a user is
+ * Redis' user "default".  A malformed line is skipped with a WARNING naming
+ * its number, never its content.  Read anew at each call: connections are
+ * cached, so that is once per connection.
+ */
+char *
+rl_password_file_lookup(const RLEndpoint *ep)
+{
+	const char *path = rl_password_file;
+	char	   *buf;
+	size_t		len;
+	char	   *pw;
+	char	   *line;
+	char	   *result = NULL;
+	int			lineno = 0;
+
+	if (path == NULL || path[0] == '\0')
+		return NULL;
+	buf = password_file_read(path, &len);
+	if (buf == NULL)
+		return NULL;
+	pw = palloc(len + 1);
+	for (line = buf; line < buf + len && result == NULL;)
+	{
+		char	   *nl = memchr(line, '\n', buf + len - line);
+		char	   *end = nl != NULL ? nl : buf + len;
+		char	   *next = nl != NULL ? nl + 1 : buf + len;
+		bool		malformed;
+
+		lineno++;
+		if (end > line && end[-1] == '\r')
+			end--;
+		if (end > line && line[0] != '#')
+		{
+			if (password_file_line_matches(line, end, ep, pw, &malformed))
+				result = pstrdup(pw);
+			else if (malformed)
+				ereport(WARNING,
+						(errcode(ERRCODE_CONFIG_FILE_ERROR),
+						 errmsg("skipping line %d of Redis password file \"%s\"",
+								lineno, path),
+						 errdetail("A line is host:port:user:password; a \":\" or \"\\\" inside a field is written \"\\:\" or \"\\\\\".")));
+		}
+		line = next;
+	}
+	explicit_bzero(pw, len + 1);
+	pfree(pw);
+	explicit_bzero(buf, len);
+	pfree(buf);
+	return result;
+}
+
+/*
+ * A refused URL's error.  PostgreSQL's own message would repeat the value,
+ * so one that carries a password gets a message of ours that does not: the
+ * URL was refused, the password still must not reach the log.
+ */
+static void
+url_refused(const char *setting, const char *url, const char *msg)
+{
+	if (msg == url_password_msg)
+	{
+		GUC_check_errmsg("a URL in parameter \"%s\" carries a password", setting);
+		GUC_check_errdetail("%s", _(msg));
+		GUC_check_errhint("Put the password in redis_lock.password_file or redis_lock.password.");
+	}
+	else if (url != NULL)
+		GUC_check_errdetail("\"%s\": %s", url, _(msg));
+	else
+		GUC_check_errdetail("%s", _(msg));
+}
+
 static bool
 check_url(char **newval, void **extra, GucSource source)
 {
@@ -247,7 +485,7 @@ check_url(char **newval, void **extra, GucSource source)
 
 	if (!rl_parse_url(*newval, &ep, &msg))
 	{
-		GUC_check_errdetail("%s", _(msg));
+		url_refused("redis_lock.url", NULL, msg);
 		return false;
 	}
 	return true;
@@ -258,7 +496,8 @@ check_url(char **newval, void **extra, GucSource source)
  * with the GUC error detail set.
  */
 static bool
-check_url_list_of(const char *list, int max, const char *what)
+check_url_list_of(const char *setting, const char *list, int max,
+				  const char *what)
 {
 	char	   *copy;
 	char	   *tok;
@@ -276,7 +515,7 @@ check_url_list_of(const char *list, int max, const char *what)
 
 		if (!rl_parse_url(tok, &ep, &msg))
 		{
-			GUC_check_errdetail("\"%s\": %s", tok, _(msg));
+			url_refused(setting, tok, msg);
 			pfree(copy);
 			return false;
 		}
@@ -312,13 +551,15 @@ check_master_name(char **newval, void **extra, GucSource source)
 static bool
 check_nodes(char **newval, void **extra, GucSource source)
 {
-	return check_url_list_of(*newval, RL_MAX_NODES, "Redlock masters");
+	return check_url_list_of("redis_lock.nodes", *newval, RL_MAX_NODES,
+							 "Redlock masters");
 }
 
 static bool
 check_sentinels(char **newval, void **extra, GucSource source)
 {
-	return check_url_list_of(*newval, INT_MAX, "Sentinels");
+	return check_url_list_of("redis_lock.sentinels", *newval, INT_MAX,
+							 "Sentinels");
 }
 
 /*
@@ -352,6 +593,93 @@ check_prefix(char **newval, void **extra, GucSource source)
 		}
 	}
 	return true;
+}
+
+/*
+ * Is a value of this source kept where every role can read it?  ALTER ROLE
+ * and ALTER DATABASE ... SET (and ALTER ROLE ALL ... SET) store it in
+ * pg_db_role_setting, CREATE and ALTER FUNCTION ... SET in pg_proc.proconfig;
+ * both are readable by every role (so is pg_roles.rolconfig).  Storing is
+ * validated with PGC_S_TEST; a value stored anyway (before redis_lock
+ * refused it, or while the module was not loaded, when PostgreSQL checks
+ * nothing) is applied at login with PGC_S_GLOBAL, _DATABASE, _USER or
+ * _DATABASE_USER, and again with that source when the module is loaded
+ * later in the session (define_custom_variable); PostgreSQL then reports our
+ * refusal as a WARNING and keeps the previous value.  The same on 13 to 18.
+ * postgresql.conf and ALTER SYSTEM (PGC_S_FILE, readable by the server's OS
+ * user only), the command line, the client's startup packet and a session's
+ * SET are not stored in a catalog (but see source_is_public_placeholder).  A function whose SET clause was stored
+ * before this check still applies it when called (PGC_S_SESSION, which we
+ * cannot tell from SET).
+ */
+static bool
+source_is_catalog(GucSource source)
+{
+	switch (source)
+	{
+		case PGC_S_GLOBAL:
+		case PGC_S_DATABASE:
+		case PGC_S_USER:
+		case PGC_S_DATABASE_USER:
+		case PGC_S_TEST:
+			return true;
+		default:
+			return false;
+	}
+}
+
+/*
+ * Is a value of this source, the server's configuration, a placeholder in
+ * every session until the session loads us?  A placeholder is not
+ * GUC_SUPERUSER_ONLY: any role can SHOW it.  Only preloading defines our
+ * settings before a session runs a query.
+ */
+static bool
+source_is_public_placeholder(GucSource source)
+{
+	if (settings_preloaded)
+		return false;
+	return source == PGC_S_FILE || source == PGC_S_ARGV || source == PGC_S_ENV_VAR;
+}
+
+/*
+ * A password is refused where every role could read it.  The message is our
+ * own: PostgreSQL's would repeat the value.
+ */
+static bool
+check_secret(const char *setting, const char *value, GucSource source)
+{
+	if (value == NULL || value[0] == '\0')
+		return true;
+	if (source_is_catalog(source))
+	{
+		GUC_check_errmsg("parameter \"%s\" cannot be set per role, per database or per function",
+						 setting);
+		GUC_check_errdetail("Such settings are stored in pg_db_role_setting or pg_proc, which every role can read.");
+		GUC_check_errhint("Put the password in the file named by redis_lock.password_file, or in postgresql.conf.");
+		return false;
+	}
+	if (source_is_public_placeholder(source))
+	{
+		GUC_check_errmsg("parameter \"%s\" in the server configuration requires redis_lock in shared_preload_libraries",
+						 setting);
+		GUC_check_errdetail("Until a session loads redis_lock, every role can read the value with SHOW.");
+		GUC_check_errhint("Add redis_lock to shared_preload_libraries, or put the password in the file named by redis_lock.password_file.");
+		return false;
+	}
+	return true;
+}
+
+static bool
+check_password(char **newval, void **extra, GucSource source)
+{
+	return check_secret("redis_lock.password", *newval, source);
+}
+
+static bool
+check_sentinel_password(char **newval, void **extra, GucSource source)
+{
+	return check_secret("redis_lock.sentinel_password", *newval, source);
 }
 
 static void
@@ -439,6 +767,23 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.string_default = "",
 		.context = PGC_SUSET,
 		.flags = GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+		.string_check = check_password,
+		.string_assign = bump_generation,
+	},
+
+	/*
+	 * Read at each new connection by the process that connects, backend or
+	 * watchdog worker alike, so it needs no shared memory; server-wide, so
+	 * every process reads the same file.
+	 */
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.password_file",
+		.short_desc = "File of host:port:user:password lines (as libpq's .pgpass) for connections without redis_lock.password or sentinel_password.",
+		.string_var = &rl_password_file,
+		.string_default = "",
+		.context = PGC_SIGHUP,
+		.flags = GUC_SUPERUSER_ONLY,
 		.string_assign = bump_generation,
 	},
 	{
@@ -619,6 +964,7 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.string_default = "",
 		.context = PGC_SUSET,
 		.flags = GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+		.string_check = check_sentinel_password,
 		.string_assign = bump_generation,
 	},
 	{
@@ -771,6 +1117,7 @@ define_setting(const RLSettingDesc *s)
 void
 rl_define_settings(void)
 {
+	settings_preloaded = process_shared_preload_libraries_in_progress;
 	for (size_t i = 0; i < lengthof(rl_setting_descs); i++)
 	{
 		const RLSettingDesc *s = &rl_setting_descs[i];

@@ -35,6 +35,7 @@ typedef enum RLProtocol
 
 extern char *rl_url;
 extern char *rl_password;
+extern char *rl_password_file;
 extern char *rl_key_prefix;
 extern int	rl_lease_time_ms;
 extern int	rl_wait_timeout_ms;
@@ -85,6 +86,7 @@ typedef struct RLEndpoint
 extern void rl_define_settings(void);
 extern bool rl_parse_url(const char *url, RLEndpoint *ep, char **errmsg);
 extern char *rl_endpoint_label(const RLEndpoint *ep);
+extern char *rl_password_file_lookup(const RLEndpoint *ep);
 extern const char *rl_protocol_name(RLProtocol p);
 extern char *rl_format_ms(int64 ms);
 extern int	rl_session_lock_limit(void);

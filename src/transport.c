@@ -154,6 +154,7 @@ start_connect(RunConn *rc, TimestampTz now)
 	size_t		argvlen[4];
 	char		buf[64];
 	const char *password;
+	char	   *file_password;
 	RLStreamFailure failure;
 	char	   *reason;
 
@@ -181,7 +182,15 @@ start_connect(RunConn *rc, TimestampTz now)
 	rc->connect_deadline = address_deadline(rc, GetCurrentTimestamp());
 	rc->handshake = 0;
 
+	/*
+	 * Without a password from the settings (or the worker's target), the
+	 * password file's, read now: once per connection, by whichever process
+	 * connects.  Its copy is zeroed once the command is queued.
+	 */
 	password = conn->secret;
+	file_password = password[0] == '\0' ? rl_password_file_lookup(&conn->ep) : NULL;
+	if (file_password != NULL)
+		password = file_password;
 	if (password[0] != '\0' || conn->ep.user[0] != '\0')
 	{
 		int			argc = 0;
@@ -197,6 +206,11 @@ start_connect(RunConn *rc, TimestampTz now)
 		argvlen[argc++] = strlen(password);
 		append_argv(rc, argc, argv, argvlen);
 		rc->handshake++;
+	}
+	if (file_password != NULL)
+	{
+		explicit_bzero(file_password, strlen(file_password));
+		pfree(file_password);
 	}
 	if (conn->ep.db != 0 && !conn->subscriber && !conn->ep.sentinel)
 	{
