@@ -673,6 +673,21 @@ rl_many_check_layout(const char *name)
 }
 
 /*
+ * The layout an acquire of several locks would take name in: the one this
+ * session holds it in, else the settings' (rl_many_entry replaces a doubt
+ * of another layout).
+ */
+RLProtocol
+rl_many_layout(const char *name)
+{
+	RLHeld	   *e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
+
+	if (e != NULL && RL_HOLDS(e) > 0 && !e->lost)
+		return e->names.protocol;
+	return rl_lt_mode_protocol(RL_MODE_EXCLUSIVE);
+}
+
+/*
  * Raise before anything is made unless the names of a set that have no
  * entry yet fit under redis_lock.max_locks_per_session.
  */

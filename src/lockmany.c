@@ -555,6 +555,26 @@ refuse_unsupported(const char *const *names, int n)
 				 errhint("Take the locks one at a time with redis_lock_acquire, in one order in every session.")));
 	for (i = 0; i < n; i++)
 		rl_many_check_layout(names[i]);
+
+	/*
+	 * One script takes the whole set, in one layout: a name held in another
+	 * (taken before redis_lock.protocol changed) would be written in the
+	 * wrong one.  Whatever the order of the names.
+	 */
+	for (i = 1; i < n; i++)
+	{
+		RLProtocol	first = rl_many_layout(names[0]);
+		RLProtocol	other = rl_many_layout(names[i]);
+
+		if (other != first)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("Redis locks of one set must share a layout"),
+					 errdetail("Lock \"%s\" is in layout \"%s\" and lock \"%s\" in layout \"%s\"; this session holds one of them in a layout redis_lock.protocol no longer names.",
+							   names[0], rl_protocol_name(first),
+							   names[i], rl_protocol_name(other)),
+					 errhint("Take them in separate calls, or set redis_lock.protocol to the layout of the held lock.")));
+	}
 }
 
 /*

@@ -106,6 +106,7 @@ pg_noreturn extern void rl_raise_wrong_type(const char *name, const RLLockNames 
  */
 extern void rl_many_check_layout(const char *name);
 extern void rl_many_check_room(const char *const *names, int n);
+extern RLProtocol rl_many_layout(const char *name);
 extern RLHeld *rl_many_entry(const char *name, int64 lease_ms, bool *held);
 extern void rl_many_sending(RLHeld *e, int64 lease_ms);
 extern void rl_many_answered(RLHeld *e, bool late_grant);

@@ -136,6 +136,31 @@ def test_reentrancy_with_a_name_already_held(sessions, rc):
     assert keys(rc) == []
 
 
+@pytest.mark.parametrize("order", [["ml_a", "ml_b"], ["ml_b", "ml_a"]])
+def test_a_set_mixing_a_held_layout_with_the_settings_is_refused_in_any_order(sessions, rc, order):
+    """Issue 33, item 9: a name held under redisson, the others to be taken
+    under simple.  One script takes a set in one layout: before, the set
+    took ml_b as a Redisson hash that redis_lock_held() called simple and no
+    release could delete (names in one order), or failed 42809 (the other)."""
+    a = sessions()
+    a.run("SET redis_lock.protocol = 'redisson'")
+    a.run("SELECT redis_lock_acquire('ml_a')")
+    a.run("SET redis_lock.protocol = 'simple'")
+    with pytest.raises(psycopg2.errors.FeatureNotSupported) as ei:
+        a.run("SELECT redis_lock_acquire_many(%s)", (order,))
+    assert "must share a layout" in str(ei.value)
+    assert keys(rc, "ml_*") == ["ml_a"] and rc.type("ml_a") == b"hash"
+    assert a.run("SELECT array_agg(lock_name || ':' || protocol || ':' || hold_count) "
+                 "FROM redis_lock_held()") == ["ml_a:redisson:1"]
+    # in the held lock's layout the set is taken, and released
+    a.run("SET redis_lock.protocol = 'redisson'")
+    assert len(a.run("SELECT redis_lock_acquire_many(%s)", (order,))) == 2
+    assert rc.type("ml_b") == b"hash"
+    assert a.run("SELECT redis_lock_release_many(%s)", (order,)) == 2
+    assert a.run("SELECT redis_lock_release('ml_a')")
+    assert keys(rc, "ml_*") == []
+
+
 def test_a_held_name_found_lost_is_taken_anew(sessions, rc):
     a = sessions()
     t1 = a.run("SELECT redis_lock_acquire('l1')")
