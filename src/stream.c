@@ -34,6 +34,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 
 #include <hiredis/hiredis.h>
