@@ -195,6 +195,11 @@ rl_wait_sockets(SockWait *sw, long timeout_ms, RLWaitKind kind)
  * ----------------------------------------------------------------
  */
 
+/*
+ * A palloc'd copy of r.  Each element is freed from r once copied (its
+ * slot set to NULL, which freeReplyObject skips), so a large reply does
+ * not live twice at once: malloc can give its memory to the copy.
+ */
 static RLReply *
 copy_reply(redisReply *r)
 {
@@ -216,7 +221,11 @@ copy_reply(redisReply *r)
 		out->elements = r->elements;
 		out->element = palloc(sizeof(RLReply *) * r->elements);
 		for (i = 0; i < r->elements; i++)
+		{
 			out->element[i] = copy_reply(r->element[i]);
+			freeReplyObject(r->element[i]);
+			r->element[i] = NULL;
+		}
 	}
 	return out;
 }
