@@ -262,7 +262,9 @@ def test_a_reply_just_under_the_limits_costs_a_bounded_amount(pg, fake):
         print("\njust under the limits: VmHWM %d -> %d kB, %s"
               % (hwm_before, hwm_after, (e.value.pgerror or "").strip().replace("\n", " | ")))
         assert e.value.pgcode == "08P01"
-        assert hwm_after - hwm_before < 144 * 1024, "VmHWM grew by %d kB" % (hwm_after - hwm_before)
+        # about 110 MB measured; the rest is room for the larger chunks of an
+        # assert-enabled server (MEMORY_CONTEXT_CHECKING)
+        assert hwm_after - hwm_before < 160 * 1024, "VmHWM grew by %d kB" % (hwm_after - hwm_before)
         assert held(conn) == []
         assert one(conn, "SELECT redis_lock_try_acquire('after', ttl => '5s')") is True
         assert one(conn, "SELECT redis_lock_release('after')") is True
