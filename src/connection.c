@@ -195,6 +195,11 @@ rl_wait_sockets(SockWait *sw, long timeout_ms, RLWaitKind kind)
  * ----------------------------------------------------------------
  */
 
+/*
+ * A palloc'd copy of r.  Each element is freed from r once copied (its
+ * slot set to NULL, which freeReplyObject skips), so a large reply does
+ * not live twice at once: malloc can give its memory to the copy.
+ */
 static RLReply *
 copy_reply(redisReply *r)
 {
@@ -216,20 +221,33 @@ copy_reply(redisReply *r)
 		out->elements = r->elements;
 		out->element = palloc(sizeof(RLReply *) * r->elements);
 		for (i = 0; i < r->elements; i++)
+		{
 			out->element[i] = copy_reply(r->element[i]);
+			freeReplyObject(r->element[i]);
+			r->element[i] = NULL;
+		}
 	}
 	return out;
 }
 
-/* Take the next complete reply out of hiredis' buffer as a palloc'd copy */
+/*
+ * Take the next complete reply out of hiredis' buffer as a palloc'd copy.
+ * False when the bytes are not RESP or the reply is too large (*failure
+ * says which, *errmsg why; both are protocol violations): the caller
+ * closes the connection.
+ */
 bool
-rl_next_reply(RLConn *conn, RLReply **out, char **errmsg)
+rl_next_reply(RLConn *conn, RLReply **out, RLFailure *failure, char **errmsg)
 {
 	void	   *raw = NULL;
+	RLStreamFailure why;
 
 	*out = NULL;
-	if (!rl_stream_next_reply(conn->stream, &raw, errmsg))
+	if (!rl_stream_next_reply(conn->stream, &raw, &why, errmsg))
+	{
+		*failure = rl_stream_failure(why);
 		return false;
+	}
 	if (raw == NULL)
 		return true;
 	PG_TRY();
@@ -409,6 +427,8 @@ rl_stream_failure(RLStreamFailure f)
 			return RL_FAIL_RECEIVE;
 		case RL_STREAM_FAIL_PARSE:
 			return RL_FAIL_PARSE;
+		case RL_STREAM_FAIL_TOO_LARGE:
+			return RL_FAIL_TOO_LARGE;
 		case RL_STREAM_FAIL_LOCAL:
 			break;
 	}
@@ -494,6 +514,8 @@ failure_text(const RLCall *call)
 			return psprintf(_("Redis at %s did not reply in time"), s);
 		case RL_FAIL_PARSE:
 			return psprintf(_("could not parse a reply from Redis at %s"), s);
+		case RL_FAIL_TOO_LARGE:
+			return psprintf(_("Redis at %s sent a reply that is too large"), s);
 		case RL_FAIL_LOCAL:
 			return psprintf(_("could not talk to Redis at %s"), s);
 		case RL_FAIL_ROUTE:
@@ -544,6 +566,9 @@ failure_message_and_hint(const RLCall *call)
 			return errmsg("Redis at %s did not reply in time", s);
 		case RL_FAIL_PARSE:
 			return errmsg("could not parse a reply from Redis at %s", s);
+		case RL_FAIL_TOO_LARGE:
+			errhint("Check that the server at that address is the Redis server meant: Redis sends no reply this large to redis_lock's commands.");
+			return errmsg("Redis at %s sent a reply that is too large", s);
 		case RL_FAIL_LOCAL:
 			return errmsg("could not talk to Redis at %s", s);
 		case RL_FAIL_ROUTE:

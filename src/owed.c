@@ -36,19 +36,19 @@
 
 /*
  * Hand the complete replies in conn's buffer to the calls it owes, no more
- * than it owes.  False when a reply could not be parsed.
+ * than it owes.  False when a reply could not be parsed or is too large
+ * (*failure and *reason say which and why; the caller closes conn).
  */
 bool
-rl_owed_drain(RLConn *conn)
+rl_owed_drain(RLConn *conn, RLFailure *failure, char **reason)
 {
 	while (conn->nowed > 0 && conn->stream != NULL)
 	{
 		RLReply    *r;
-		char	   *err;
 		bool		ok;
 		MemoryContext old = MemoryContextSwitchTo(rl_owed_context());
 
-		ok = rl_next_reply(conn, &r, &err);
+		ok = rl_next_reply(conn, &r, failure, reason);
 		MemoryContextSwitchTo(old);
 		if (!ok)
 			return false;
@@ -69,6 +69,8 @@ rl_poll_conn(RLConn *conn, TimestampTz now)
 {
 	RLStreamFailure failure;
 	char	   *reason;
+	RLFailure	bad;
+	char	   *why;
 
 	if (conn->nowed == 0)
 		return;
@@ -81,7 +83,7 @@ rl_poll_conn(RLConn *conn, TimestampTz now)
 	if (rl_stream_read(conn->stream, &failure, &reason) == RL_STREAM_FAILED)
 	{
 		/* what came before the failure still counts */
-		if (rl_owed_drain(conn) && conn->nowed == 0)
+		if (rl_owed_drain(conn, &bad, &why) && conn->nowed == 0)
 		{
 			rl_conn_close(conn);
 			return;
@@ -91,10 +93,9 @@ rl_poll_conn(RLConn *conn, TimestampTz now)
 		rl_conn_close(conn);
 		return;
 	}
-	if (!rl_owed_drain(conn))
+	if (!rl_owed_drain(conn, &bad, &why))
 	{
-		rl_owed_fail_all(conn, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION,
-						 "a reply could not be parsed");
+		rl_owed_fail_all(conn, bad, ERRCODE_PROTOCOL_VIOLATION, why);
 		rl_conn_close(conn);
 		return;
 	}
@@ -241,6 +242,8 @@ rl_send(RLCall **calls, int ncalls, int timeout_ms)
 			bool		progress;
 			RLStreamFailure failure;
 			char	   *reason;
+			RLFailure	bad;
+			char	   *why;
 			int			j;
 
 			if (conn->stream == NULL || !rl_has_unsent(conn))
@@ -256,10 +259,10 @@ rl_send(RLCall **calls, int ncalls, int timeout_ms)
 				continue;
 			}
 			/* TLS may have read on the way: hand out what came */
-			if (conn->nowed > 0 && rl_stream_is_tls(conn->stream) && !rl_owed_drain(conn))
+			if (conn->nowed > 0 && rl_stream_is_tls(conn->stream) &&
+				!rl_owed_drain(conn, &bad, &why))
 			{
-				rl_owed_fail_all(conn, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION,
-								 "a reply could not be parsed");
+				rl_owed_fail_all(conn, bad, ERRCODE_PROTOCOL_VIOLATION, why);
 				rl_conn_close(conn);
 				continue;
 			}

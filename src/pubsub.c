@@ -311,13 +311,14 @@ rl_wait_for_any_message(RLConn **subs, int n, const char **channels,
 		{
 			RLConn	   *c = conns[i];
 			RLReply    *r;
+			RLFailure	failure;
 			char	   *err;
 
 			if (c->stream == NULL)
 				continue;
 			for (;;)
 			{
-				if (!rl_next_reply(c, &r, &err))
+				if (!rl_next_reply(c, &r, &failure, &err))
 				{
 					rl_conn_close(c);
 					return true;

@@ -5,9 +5,9 @@
  *	  (non-blocking TCP connect, abortive close), TLS over it with OpenSSL
  *	  (the settings' CA, client certificate and verification mode, SNI,
  *	  TLS 1.2 or later), the queue of formatted commands not yet written,
- *	  and the hiredis reply reader the received bytes are fed to.  hiredis
- *	  is used only as a RESP codec, for its reader: commands are formatted
- *	  here.
+ *	  and the hiredis reply reader the received bytes are fed to, with the
+ *	  values and bytes of one reply bounded.  hiredis is used only as a
+ *	  RESP codec, for its reader: commands are formatted here.
  *
  *	  Nothing here waits: every call does what the socket allows now and
  *	  says which socket events would let it go on (rl_stream_events); the
@@ -34,6 +34,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 
 #include <hiredis/hiredis.h>
@@ -47,12 +48,38 @@
 #include "utils/memutils.h"
 
 /*
- * hiredis allocates an array reply's element pointers as soon as it reads
- * the header: "*1000000000" alone would make it allocate 8 GB, and freeing
- * that later would take seconds nothing can interrupt.  No reply we ask for
- * comes near RL_MAX_REPLY_ELEMENTS; a larger one is a protocol error.
+ * The most one reply may hold.  hiredis keeps a reply whole until its last
+ * byte is in, in malloc'd memory PostgreSQL neither counts nor frees on
+ * ERROR: without bounds a broken, spoofed or hostile server could make a
+ * backend or the watchdog worker buffer a 1 GB bulk string, or build ten
+ * million empty arrays from 40 MB of "*0" (each a 48-byte redisReply and a
+ * pointer in its parent), until command_timeout.
+ *
+ * No reply to what redis_lock sends comes near either bound but two:
+ * CLUSTER SLOTS of a large Cluster whose slots are scattered (16384
+ * one-slot ranges, each a master and three replicas with their ids and
+ * host names: about 508 000 values and 9 MB; a range is 3 values and a node
+ * at most 7), and the grant of redis_lock_acquire_many, one fencing token
+ * per name, up to redis_lock.max_locks names (also the most names any other
+ * multi-name reply carries).  So a reply may hold
+ * RL_REPLY_MAX_VALUES + max_locks values (each array's elements, nested or
+ * not, and the reply itself) and RL_REPLY_MAX_BYTES + 32 bytes per lock of
+ * max_locks (":<int64>\r\n" is at most 23) on the wire.  A reply past
+ * either fails as too large (RL_STREAM_FAIL_TOO_LARGE), its connection is
+ * closed.  doc/reference.md ("Limits on Redis replies") states them.
+ *
+ * A reply being read then costs at most about its values times 72 bytes
+ * (a redisReply and its parent's pointer to it) and its strings, plus the
+ * bytes received and not parsed yet: a reply made to stay just under both
+ * limits peaks at about 110 MB at the default max_locks, its palloc'd copy
+ * included (t/test_security_replies.py measures the rest: the bulk string
+ * that never ends, or the wide arrays, of an attack are cut off at about
+ * 35 MB).
  */
-#define RL_MAX_REPLY_ELEMENTS	(1 << 20)
+#define RL_REPLY_MAX_VALUES			(1 << 19)
+#define RL_REPLY_MAX_BYTES			(32 * 1024 * 1024)
+#define RL_REPLY_VALUES_PER_LOCK	1
+#define RL_REPLY_BYTES_PER_LOCK		32
 
 /* Bytes of command buffer a connection keeps between round trips */
 #define RL_STREAM_OUT_KEEP	(64 * 1024)
@@ -77,6 +104,10 @@ struct RLStream
 	int			naddrs;
 	int			next_addr;
 	redisReader *reader;
+	/* the reply being read: how many values and bytes it has so far */
+	size_t		reply_values;	/* its elements announced, and itself */
+	size_t		reply_bytes;	/* of it, taken from the buffer */
+	bool		too_many_values;	/* the reader refused an array for it */
 	bool		mid_reply;		/* bytes came since the last whole reply was
 								 * taken out, and not all became replies */
 	char	   *out;			/* formatted commands not yet written */
@@ -86,7 +117,7 @@ struct RLStream
 };
 
 /* ----------------------------------------------------------------
- * The reply reader: hiredis' own, with array sizes bounded
+ * The reply reader: hiredis' own, with the values of a reply bounded
  * ----------------------------------------------------------------
  */
 static redisReplyObjectFunctions bounded_functions;
@@ -98,21 +129,48 @@ typedef size_t rl_array_len;
 typedef int rl_array_len;
 #endif
 static void *(*hiredis_create_array) (const redisReadTask *task, rl_array_len elements) = NULL;
-static bool reply_too_large = false;
 
+/* The most values one reply may hold (see RL_REPLY_MAX_VALUES) */
+static size_t
+reply_value_limit(void)
+{
+	return RL_REPLY_MAX_VALUES + (size_t) rl_max_locks * RL_REPLY_VALUES_PER_LOCK;
+}
+
+/* The most bytes one reply may take on the wire */
+static size_t
+reply_byte_limit(void)
+{
+	return RL_REPLY_MAX_BYTES + (size_t) rl_max_locks * RL_REPLY_BYTES_PER_LOCK;
+}
+
+/*
+ * An array of the reply being read: its elements count as values from its
+ * header on, before hiredis allocates their pointers, so no header
+ * ("*1000000000") and no nesting of arrays makes more than the limit.
+ * Other values need no count: each is an element of an array counted here,
+ * or the reply itself.  hiredis reports a NULL as out of memory; the flag
+ * says it was this.
+ */
 static void *
 bounded_create_array(const redisReadTask *task, rl_array_len elements)
 {
-	if (elements > RL_MAX_REPLY_ELEMENTS)
+	RLStream   *s = (RLStream *) task->privdata;
+	size_t		values = task->parent == NULL ? 1 : s->reply_values;
+
+	Assert(values <= reply_value_limit());
+	if ((size_t) elements > reply_value_limit() - values)
 	{
-		reply_too_large = true;
-		return NULL;			/* hiredis reports it as an error */
+		s->too_many_values = true;
+		return NULL;
 	}
+	s->reply_values = values + (size_t) elements;
 	return hiredis_create_array(task, elements);
 }
 
+/* hiredis' reader, its arrays counted for s (which its tasks carry) */
 static redisReader *
-reader_create(void)
+reader_create(RLStream *s)
 {
 	redisReader *r = redisReaderCreate();
 
@@ -125,6 +183,7 @@ reader_create(void)
 		bounded_functions.createArray = bounded_create_array;
 	}
 	r->fn = &bounded_functions;
+	r->privdata = s;
 	return r;
 }
 
@@ -465,7 +524,7 @@ stream_around(pgsocket sock, const RLEndpoint *ep, const RLAddr *rest, int nrest
 			s->naddrs = nrest;
 		}
 		snprintf(s->label, sizeof(s->label), "%s:%d", ep->host, ep->port);
-		s->reader = reader_create();
+		s->reader = reader_create(s);
 		if (s->reader == NULL)
 			why_text = pstrdup("out of memory in hiredis");
 		else if (ep->tls)
@@ -884,25 +943,68 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 	}
 }
 
+/* Bytes in the reader's buffer not parsed yet */
+static size_t
+reader_unparsed(const redisReader *r)
+{
+	return r->len - r->pos;
+}
+
 /*
  * The next complete reply from the bytes read so far (a hiredis reply the
- * caller frees), or *reply NULL when none is complete.  False when the
- * bytes are not RESP.
+ * caller frees), or *reply NULL when none is complete.  False, with
+ * *failure and *reason set, when the bytes are not RESP or the reply is
+ * larger than a reply may be (RL_REPLY_MAX_VALUES, RL_REPLY_MAX_BYTES):
+ * then the stream is out of step for good, the caller closes it.
+ *
+ * A reply's size is checked here, each time the bytes read so far are
+ * parsed, which the callers do after every rl_stream_read (at most 256 kB):
+ * a reply not yet whole counts what hiredis made of it and what waits in
+ * its buffer, so neither a bulk string that never ends nor arrays that
+ * never end grow past the limits by more than one read.
  */
 bool
-rl_stream_next_reply(RLStream *s, void **reply, char **reason)
+rl_stream_next_reply(RLStream *s, void **reply, RLStreamFailure *failure,
+					 char **reason)
 {
+	redisReader *r = s->reader;
+	size_t		before;
+	size_t		bytes;
+
 	*reply = NULL;
-	reply_too_large = false;
-	if (redisReaderGetReply(s->reader, reply) != REDIS_OK)
+	/* no reply begun: this call starts the next one */
+	if (r->ridx < 0)
+		s->reply_bytes = 0;
+	s->too_many_values = false;
+	before = reader_unparsed(r);
+	if (redisReaderGetReply(r, reply) != REDIS_OK)
 	{
-		*reason = reply_too_large ?
-			psprintf("an array reply has more than %d elements", RL_MAX_REPLY_ELEMENTS) :
-			pstrdup(s->reader->errstr[0] ? s->reader->errstr : "protocol error");
+		if (s->too_many_values)
+		{
+			*failure = RL_STREAM_FAIL_TOO_LARGE;
+			*reason = psprintf("the reply has more than %zu values", reply_value_limit());
+		}
+		else
+		{
+			*failure = RL_STREAM_FAIL_PARSE;
+			*reason = pstrdup(r->errstr[0] ? r->errstr : "protocol error");
+		}
+		return false;
+	}
+	/* hiredis moves its buffer, but what it took is what is gone from it */
+	s->reply_bytes += before - reader_unparsed(r);
+	bytes = s->reply_bytes + (*reply == NULL ? reader_unparsed(r) : 0);
+	if (bytes > reply_byte_limit())
+	{
+		if (*reply != NULL)
+			r->fn->freeObject(*reply);
+		*reply = NULL;
+		*failure = RL_STREAM_FAIL_TOO_LARGE;
+		*reason = psprintf("the reply is longer than %zu bytes", reply_byte_limit());
 		return false;
 	}
 	/* a whole reply with nothing after it: no reply begun */
-	if (*reply != NULL && !reader_has_bytes(s->reader))
+	if (*reply != NULL && !reader_has_bytes(r))
 		s->mid_reply = false;
 	return true;
 }

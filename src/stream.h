@@ -33,7 +33,8 @@ typedef enum RLStreamFailure
 	RL_STREAM_FAIL_TLS,			/* handshake or certificate */
 	RL_STREAM_FAIL_IO,			/* read or write after connecting */
 	RL_STREAM_FAIL_EOF,			/* the server closed the connection */
-	RL_STREAM_FAIL_PARSE,		/* not RESP, or a reply too large */
+	RL_STREAM_FAIL_PARSE,		/* not RESP */
+	RL_STREAM_FAIL_TOO_LARGE,	/* a reply past the limits of stream.c */
 	RL_STREAM_FAIL_LOCAL		/* out of file descriptors or memory here */
 } RLStreamFailure;
 
@@ -57,7 +58,8 @@ extern RLStreamStatus rl_stream_write(RLStream *s, bool *progress,
 									  RLStreamFailure *failure, char **reason);
 extern RLStreamStatus rl_stream_read(RLStream *s, RLStreamFailure *failure,
 									 char **reason);
-extern bool rl_stream_next_reply(RLStream *s, void **reply, char **reason);
+extern bool rl_stream_next_reply(RLStream *s, void **reply,
+								 RLStreamFailure *failure, char **reason);
 extern bool rl_stream_has_unasked(RLStream *s);
 extern bool rl_stream_has_partial_reply(const RLStream *s);
 

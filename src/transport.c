@@ -402,23 +402,24 @@ drain_replies(RunConn *rc)
 	while (!rc->failed && (rc->handshake > 0 || rc->next < rc->nsinks))
 	{
 		RLReply    *r;
+		RLFailure	failure;
 		char	   *err;
 
 		/* replies owed to earlier sends come first: Redis answers in order */
 		if (rc->conn->nowed > 0)
 		{
-			if (!rl_owed_drain(rc->conn))
+			if (!rl_owed_drain(rc->conn, &failure, &err))
 			{
-				run_fail(rc, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION,
-						 pstrdup("a reply owed to an earlier command could not be parsed"));
+				run_fail(rc, failure, ERRCODE_PROTOCOL_VIOLATION,
+						 psprintf("a reply owed to an earlier command: %s", err));
 				return;
 			}
 			if (rc->conn->nowed > 0)
 				return;			/* our own replies come after them */
 		}
-		if (!rl_next_reply(rc->conn, &r, &err))
+		if (!rl_next_reply(rc->conn, &r, &failure, &err))
 		{
-			run_fail(rc, RL_FAIL_PARSE, ERRCODE_PROTOCOL_VIOLATION, err);
+			run_fail(rc, failure, ERRCODE_PROTOCOL_VIOLATION, err);
 			return;
 		}
 		if (r == NULL)

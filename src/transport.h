@@ -51,7 +51,8 @@ typedef enum RLFailure
 	RL_FAIL_SEND,				/* could not write */
 	RL_FAIL_RECEIVE,			/* connection lost before the reply */
 	RL_FAIL_TIMEOUT,			/* no reply in time */
-	RL_FAIL_PARSE,				/* a reply that is not RESP, or too large */
+	RL_FAIL_PARSE,				/* a reply that is not RESP */
+	RL_FAIL_TOO_LARGE,			/* a reply past the limits (stream.c) */
 	RL_FAIL_LOCAL,				/* out of memory or sockets here */
 	RL_FAIL_ROUTE,				/* no node known for the key */
 	RL_FAIL_UNSUPPORTED			/* the server lacks commands we need: not

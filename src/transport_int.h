@@ -71,7 +71,8 @@ extern int	rl_total_owed;
 extern void rl_wes_invalidate(void);
 extern void rl_sock_add(SockWait *sw, pgsocket fd, uint32 events, int owner);
 extern int	rl_wait_sockets(SockWait *sw, long timeout_ms, RLWaitKind kind);
-extern bool rl_next_reply(RLConn *conn, RLReply **out, char **errmsg);
+extern bool rl_next_reply(RLConn *conn, RLReply **out, RLFailure *failure,
+						  char **errmsg);
 extern bool rl_has_unasked_bytes(RLConn *conn);
 extern RLFailure rl_stream_failure(RLStreamFailure f);
 extern void rl_stream_append_call(RLStream *stream, RLCall *call);
@@ -81,7 +82,7 @@ extern void rl_owed_fail_all(RLConn *conn, RLFailure failure, int errcode,
 							 const char *reason);
 
 /* owed.c: reading the replies a connection owes */
-extern bool rl_owed_drain(RLConn *conn);
+extern bool rl_owed_drain(RLConn *conn, RLFailure *failure, char **reason);
 extern void rl_poll_conn(RLConn *conn, TimestampTz now);
 extern void rl_finish_owed(RLConn *conn, bool every);
 
