@@ -56,10 +56,11 @@
  * pointer in its parent), until command_timeout.
  *
  * No reply to what redis_lock sends comes near either bound but two:
- * CLUSTER SLOTS of a large Cluster whose slots are scattered (16384
+ * CLUSTER SLOTS of a large Cluster whose slots are scattered (8192
  * one-slot ranges, each a master and three replicas with their ids and
- * host names: about 508 000 values and 9 MB; a range is 3 values and a node
- * at most 7), and the grant of redis_lock_acquire_many, one fencing token
+ * host names: about 254 000 values and 4.5 MB; a range is 3 values and a
+ * node at most 7; a Cluster reaches that many ranges only when its slots
+ * were moved one by one), and the grant of redis_lock_acquire_many, one fencing token
  * per name, up to redis_lock.max_locks names (also the most names any other
  * multi-name reply carries).  So a reply may hold
  * RL_REPLY_MAX_VALUES + max_locks values (each array's elements, nested or
@@ -71,13 +72,13 @@
  * A reply being read then costs at most about its values times 72 bytes
  * (a redisReply and its parent's pointer to it) and its strings, plus the
  * bytes received and not parsed yet: a reply made to stay just under both
- * limits peaks at about 110 MB at the default max_locks, its palloc'd copy
+ * limits peaks at about 75 MB at the default max_locks, its palloc'd copy
  * included (t/test_security_replies.py measures the rest: the bulk string
  * that never ends, or the wide arrays, of an attack are cut off at about
- * 35 MB).
+ * 18 MB).
  */
-#define RL_REPLY_MAX_VALUES			(1 << 19)
-#define RL_REPLY_MAX_BYTES			(32 * 1024 * 1024)
+#define RL_REPLY_MAX_VALUES			(1 << 18)
+#define RL_REPLY_MAX_BYTES			(16 * 1024 * 1024)
 #define RL_REPLY_VALUES_PER_LOCK	1
 #define RL_REPLY_BYTES_PER_LOCK		32
 

@@ -21,7 +21,7 @@ acquire whose grant was cut off is not held, and the grant it may have made
 is deleted by the watchdog (a doubt).  The same for the watchdog worker's
 renewals.  A reply made to stay just under both limits costs a bounded
 amount too.  And a legitimately large reply (CLUSTER SLOTS of a Cluster
-whose 16384 slots are scattered over masters with three replicas each)
+whose slots lie in 8192 ranges over masters with three replicas each)
 still works.
 
 The SQL runs as a role with LOGIN only, but for the Cluster case
@@ -235,18 +235,18 @@ def test_a_huge_reply_fails_the_call_promptly_with_bounded_memory(pg, fake, shap
 
 
 def just_under_the_limits():
-    """520 000 bulk strings of 56 bytes: under both limits (525 312 values,
-    33 587 200 bytes at the default max_locks), the most values and bytes of
+    """260 000 bulk strings of 56 bytes: under both limits (263 168 values,
+    16 809 984 bytes at the default max_locks), the most values and bytes of
     hiredis objects a reply can make before it is refused."""
-    yield b"*520000\r\n"
+    yield b"*260000\r\n"
     thousand = (b"$56\r\n" + b"z" * 56 + b"\r\n") * 1000
-    for _ in range(520):
+    for _ in range(260):
         yield thousand
 
 
 def test_a_reply_just_under_the_limits_costs_a_bounded_amount(pg, fake):
     """Read whole and copied, then refused as no answer to the command: the
-    peak is bounded by the limits (about 110 MB here; doc/reference.md)."""
+    peak is bounded by the limits (about 75 MB here; doc/reference.md)."""
     fake.reset()
     conn = pg.connect(user=ROLE)
     try:
@@ -262,9 +262,9 @@ def test_a_reply_just_under_the_limits_costs_a_bounded_amount(pg, fake):
         print("\njust under the limits: VmHWM %d -> %d kB, %s"
               % (hwm_before, hwm_after, (e.value.pgerror or "").strip().replace("\n", " | ")))
         assert e.value.pgcode == "08P01"
-        # about 110 MB measured; the rest is room for the larger chunks of an
+        # about 73 MB measured; the rest is room for the larger chunks of an
         # assert-enabled server (MEMORY_CONTEXT_CHECKING)
-        assert hwm_after - hwm_before < 160 * 1024, "VmHWM grew by %d kB" % (hwm_after - hwm_before)
+        assert hwm_after - hwm_before < 110 * 1024, "VmHWM grew by %d kB" % (hwm_after - hwm_before)
         assert held(conn) == []
         assert one(conn, "SELECT redis_lock_try_acquire('after', ttl => '5s')") is True
         assert one(conn, "SELECT redis_lock_release('after')") is True
@@ -333,16 +333,16 @@ def test_a_huge_reply_to_a_renewal_leaves_the_watchdog_bounded_and_working(pg, f
 # What is not refused
 # ----------------------------------------------------------------------
 def scattered_slots(port):
-    """CLUSTER SLOTS of a Cluster whose 16384 slots are all in ranges of
-    their own, each served by a master (the fake) and three replicas, every
-    node with its id and a host name (Redis 7's form): 507 905 values,
-    about 9 MB.  The largest reply redis_lock is documented to accept."""
+    """CLUSTER SLOTS of a Cluster whose 16384 slots lie in 8192 ranges of two,
+    each served by a master (the fake) and three replicas, every node with
+    its id and a host name (Redis 7's form): 253 953 values, about 4.5 MB.
+    The largest reply redis_lock is documented to accept."""
     def node(p, i):
         return array(bulk("127.0.0.1"), integer(p), bulk("%040x" % i),
                      array(bulk("hostname"), bulk("node-%05d.redis.example.internal" % i)))
-    parts = [b"*16384\r\n"]
-    for s in range(16384):
-        parts.append(array(integer(s), integer(s), node(port, 0),
+    parts = [b"*8192\r\n"]
+    for s in range(8192):
+        parts.append(array(integer(2 * s), integer(2 * s + 1), node(port, 0),
                            node(20000 + s % 1000, 1), node(21000 + s % 1000, 2),
                            node(22000 + s % 1000, 3)))
     return b"".join(parts)
@@ -351,7 +351,7 @@ def scattered_slots(port):
 def test_the_largest_legitimate_reply_still_works(pg, fake):
     fake.reset()
     reply = scattered_slots(fake.port)
-    assert len(reply) < 32 * 1024 * 1024
+    assert len(reply) < 16 * 1024 * 1024
     conn = pg.connect()     # a superuser: redis_lock.cluster is one's to set
     try:
         fake.arm("slots", Stream(lambda: iter([reply])))
