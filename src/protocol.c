@@ -125,11 +125,12 @@ rl_rw_timeout_prefix(const char *key)
 }
 
 /*
- * Would the keys Redisson's naming puts beside this key (fence counter,
- * fair queue, read timeout keys) fall in other Cluster hash slots?  They do
- * when the key has a "{" but no complete hash tag: the names then hash
- * whole.  The simple layout chooses its own counter name, and a write hold
- * touches one key (and one channel, a concern only for sharded pub/sub).
+ * Would the keys Redisson's naming puts beside this key (its per-name token
+ * counter, fair queue, read timeout keys) fall in other Cluster hash slots?
+ * They do when the key has a "{" but no complete hash tag: the names then
+ * hash whole.  Our own fence counters are named for the key's slot
+ * (slot_fence_key), and a write hold touches one key (and one channel, a
+ * concern only for sharded pub/sub).
  */
 bool
 rl_key_splits_slots(RLProtocol protocol, const char *key)
@@ -209,6 +210,39 @@ concat4(const char *a, const char *b, const char *c, const char *d)
 }
 
 /*
+ * The fence counter of the key's Cluster slot under this prefix:
+ * prefix || 'redis_lock:fence:{T}', T a short tag of that slot, so the
+ * counter lives beside the lock and there are at most 16384 of them per
+ * prefix whatever the number of lock names.  The simple, redisson and
+ * redisson_fair layouts share it.
+ */
+static char *
+slot_fence_key(const char *prefix, const char *key, size_t keylen)
+{
+	uint16		slot = rl_key_slot(key, keylen);
+	char	   *fence_key;
+
+	if (slot_tags == NULL)
+		build_slot_tags();
+	fence_key = concat4(prefix ? prefix : "", RL_FENCE_MARKER "{",
+						slot_tags[slot], "}");
+	/* a hash tag inside the prefix decides the slot of both keys */
+	Assert(rl_key_slot(fence_key, strlen(fence_key)) == slot);
+	return fence_key;
+}
+
+/*
+ * Redisson's RFencedLock counter of a lock, redisson_lock_token:{key}: one
+ * permanent key per lock name, counted too when the lock was taken with
+ * redis_lock.redisson_token_counter on (RLLockNames.name_counter).
+ */
+char *
+rl_name_counter_key(const RLLockNames *n)
+{
+	return rl_redisson_prefix_name("redisson_lock_token", n->key);
+}
+
+/*
  * Fill names around key, already allocated in the current memory context
  * (the prefix applied); prefix is needed again for the fence counter's
  * name.
@@ -221,11 +255,13 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	names->key = key;
 	names->keylen = strlen(key);
 	names->owner[0] = '\0';
+	names->name_counter = false;
 
 	if (protocol == RL_PROTOCOL_REDISSON || protocol == RL_PROTOCOL_REDISSON_FAIR)
 	{
 		names->channel = rl_redisson_prefix_name("redisson_lock__channel", names->key);
-		names->fence_key = rl_redisson_prefix_name("redisson_lock_token", names->key);
+		names->fence_key = slot_fence_key(prefix, names->key, names->keylen);
+		names->name_counter = rl_redisson_token_counter;
 	}
 	else if (RL_PROTOCOL_IS_RW(protocol))
 	{
@@ -235,18 +271,11 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	}
 	else
 	{
-		uint16		slot = rl_key_slot(names->key, names->keylen);
-
 		if (has_hash_tag(names->key, names->keylen))
 			names->channel = concat4("redis_lock:release:", names->key, "", "");
 		else
 			names->channel = concat4("redis_lock:release:{", names->key, "}", "");
-		if (slot_tags == NULL)
-			build_slot_tags();
-		names->fence_key = concat4(prefix ? prefix : "", "redis_lock:fence:{",
-								   slot_tags[slot], "}");
-		/* a hash tag inside the prefix decides the slot of both keys */
-		Assert(rl_key_slot(names->fence_key, strlen(names->fence_key)) == slot);
+		names->fence_key = slot_fence_key(prefix, names->key, names->keylen);
 	}
 }
 

@@ -51,6 +51,10 @@ typedef struct RLLockNames
 	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
 	bool		script_free;	/* simple layout without Lua scripts
 								 * (redis_lock.scripting off when built) */
+	bool		name_counter;	/* redisson layouts: fencing tokens also
+								 * count Redisson's per-name counter
+								 * (redis_lock.redisson_token_counter on
+								 * when built) */
 } RLLockNames;
 
 /*
