@@ -280,6 +280,50 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 }
 
 /*
+ * What a Redis key must not contain to be a lock's key: the marks of the
+ * keys that locks use beside their own, ours and Redisson's.  A lock key
+ * equal to one of them would take its place: a string lock where a fence
+ * counter should be makes every acquire in that slot fail with WRONGTYPE,
+ * a hash where a fair queue should be breaks that lock's queue.  Each
+ * such key contains its mark whatever the key prefix (which only ever
+ * comes first), so refusing every key that contains one, anywhere, also
+ * covers a role whose prefix differs from the owner's of the key (roles
+ * of several prefixes may share one Redis user) and a mark that the
+ * prefix and the name make only together.
+ */
+static const char *const reserved_marks[] = {
+	RL_FENCE_MARKER,			/* our fence counters, every prefix */
+	"redisson_lock_token:",		/* RFencedLock's counter (and ours, with
+								 * redis_lock.redisson_token_counter) */
+	"redisson_lock_queue:",		/* RFairLock's queue */
+	"redisson_lock_timeout:",	/* RFairLock's timeout set */
+	":rwlock_timeout:",			/* RReadWriteLock's read hold timeouts */
+	"redisson_unlock_latch:",	/* RLock's unlock results (Redisson 3.2x+) */
+};
+
+/*
+ * The reserved mark (above) that prefix || name contains, or NULL when the
+ * key may be a lock's.  Checked on every lock name a SQL function is given
+ * (functions.c), before anything is built or sent.
+ */
+const char *
+rl_reserved_mark(const char *prefix, const char *name)
+{
+	char	   *key = concat4(prefix ? prefix : "", name, "", "");
+	const char *found = NULL;
+
+	/* every mark has a ':', most names do not */
+	if (strchr(key, ':') != NULL)
+	{
+		for (size_t i = 0; i < lengthof(reserved_marks) && found == NULL; i++)
+			if (strstr(key, reserved_marks[i]) != NULL)
+				found = reserved_marks[i];
+	}
+	pfree(key);
+	return found;
+}
+
+/*
  * Fill names for a Redis key (prefix already applied) under the given
  * protocol; prefix is needed again for the fence counter's name.  The
  * strings are allocated in cxt; owner is left empty (see rl_new_owner).
