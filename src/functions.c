@@ -61,11 +61,42 @@ PG_FUNCTION_INFO_V1(redis_lock_release_many);
  * Argument checks
  * ----------------------------------------------------------------
  */
+
+/*
+ * Refuse a lock name whose Redis key (the key prefix applied) would contain
+ * a reserved mark (protocol.c): it could take the place of a fence counter,
+ * a fair lock's queue or another key locks use beside their own.  element
+ * is the name's 1-based place in an array, 0 for a lock_name argument.
+ * Every function taking a lock name refuses it, also those that would only
+ * find nothing, so such a name behaves the same everywhere.
+ */
+static void
+refuse_reserved_name(const char *name, int element)
+{
+	const char *prefix = rl_key_prefix ? rl_key_prefix : "";
+	const char *mark = rl_reserved_mark(prefix, name);
+
+	if (mark == NULL)
+		return;
+	if (element == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lock_name \"%s\" is reserved", name),
+				 errdetail("Its Redis key \"%s%s\" contains \"%s\", which marks the keys that locks use beside their own (fence counters, queues, timeouts).",
+						   prefix, name, mark)));
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("lock_names must not contain a reserved name"),
+			 errdetail("Element %d, \"%s\", has the Redis key \"%s%s\", which contains \"%s\": that marks the keys that locks use beside their own (fence counters, queues, timeouts).",
+					   element, name, prefix, name, mark)));
+}
+
 static char *
 arg_lock_name(FunctionCallInfo fcinfo, int argno)
 {
 	text	   *t;
 	int			len;
+	char	   *name;
 
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
@@ -82,7 +113,9 @@ arg_lock_name(FunctionCallInfo fcinfo, int argno)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lock_name must not be longer than %d bytes", RL_MAX_NAME_LEN),
 				 errdetail("The name given has %d bytes.", len)));
-	return text_to_cstring(t);
+	name = text_to_cstring(t);
+	refuse_reserved_name(name, 0);
+	return name;
 }
 
 /* Interval argument in milliseconds; -1 when NULL */
@@ -439,6 +472,7 @@ arg_lock_names(FunctionCallInfo fcinfo, int argno, int *n)
 					 errmsg("lock names must not be longer than %d bytes", RL_MAX_NAME_LEN),
 					 errdetail("Element %d has %d bytes.", i + 1, len)));
 		names[i] = text_to_cstring(t);
+		refuse_reserved_name(names[i], i + 1);
 	}
 	sorted = palloc(sizeof(char *) * *n);
 	memcpy(sorted, names, sizeof(char *) * *n);

@@ -126,11 +126,12 @@ rl_rw_timeout_prefix(const char *key)
 }
 
 /*
- * Would the keys Redisson's naming puts beside this key (fence counter,
- * fair queue, read timeout keys) fall in other Cluster hash slots?  They do
- * when the key has a "{" but no complete hash tag: the names then hash
- * whole.  The simple layout chooses its own counter name, and a write hold
- * touches one key (and one channel, a concern only for sharded pub/sub).
+ * Would the keys Redisson's naming puts beside this key (its per-name token
+ * counter, fair queue, read timeout keys) fall in other Cluster hash slots?
+ * They do when the key has a "{" but no complete hash tag: the names then
+ * hash whole.  Our own fence counters are named for the key's slot
+ * (slot_fence_key), and a write hold touches one key (and one channel, a
+ * concern only for sharded pub/sub).
  */
 bool
 rl_key_splits_slots(RLProtocol protocol, const char *key)
@@ -210,6 +211,39 @@ concat4(const char *a, const char *b, const char *c, const char *d)
 }
 
 /*
+ * The fence counter of the key's Cluster slot under this prefix:
+ * prefix || 'redis_lock:fence:{T}', T a short tag of that slot, so the
+ * counter lives beside the lock and there are at most 16384 of them per
+ * prefix whatever the number of lock names.  The simple, redisson and
+ * redisson_fair layouts share it.
+ */
+static char *
+slot_fence_key(const char *prefix, const char *key, size_t keylen)
+{
+	uint16		slot = rl_key_slot(key, keylen);
+	char	   *fence_key;
+
+	if (slot_tags == NULL)
+		build_slot_tags();
+	fence_key = concat4(prefix ? prefix : "", RL_FENCE_MARKER "{",
+						slot_tags[slot], "}");
+	/* a hash tag inside the prefix decides the slot of both keys */
+	Assert(rl_key_slot(fence_key, strlen(fence_key)) == slot);
+	return fence_key;
+}
+
+/*
+ * Redisson's RFencedLock counter of a lock, redisson_lock_token:{key}: one
+ * permanent key per lock name, counted too when the lock was taken with
+ * redis_lock.redisson_token_counter on (RLLockNames.name_counter).
+ */
+char *
+rl_name_counter_key(const RLLockNames *n)
+{
+	return rl_redisson_prefix_name("redisson_lock_token", n->key);
+}
+
+/*
  * Fill names around key, already allocated in the current memory context
  * (the prefix applied); prefix is needed again for the fence counter's
  * name.
@@ -222,11 +256,13 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	names->key = key;
 	names->keylen = strlen(key);
 	names->owner[0] = '\0';
+	names->name_counter = false;
 
 	if (protocol == RL_PROTOCOL_REDISSON || protocol == RL_PROTOCOL_REDISSON_FAIR)
 	{
 		names->channel = rl_redisson_prefix_name("redisson_lock__channel", names->key);
-		names->fence_key = rl_redisson_prefix_name("redisson_lock_token", names->key);
+		names->fence_key = slot_fence_key(prefix, names->key, names->keylen);
+		names->name_counter = rl_redisson_token_counter;
 	}
 	else if (RL_PROTOCOL_IS_RW(protocol))
 	{
@@ -236,19 +272,56 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	}
 	else
 	{
-		uint16		slot = rl_key_slot(names->key, names->keylen);
-
 		if (has_hash_tag(names->key, names->keylen))
 			names->channel = concat4("redis_lock:release:", names->key, "", "");
 		else
 			names->channel = concat4("redis_lock:release:{", names->key, "}", "");
-		if (slot_tags == NULL)
-			build_slot_tags();
-		names->fence_key = concat4(prefix ? prefix : "", "redis_lock:fence:{",
-								   slot_tags[slot], "}");
-		/* a hash tag inside the prefix decides the slot of both keys */
-		Assert(rl_key_slot(names->fence_key, strlen(names->fence_key)) == slot);
+		names->fence_key = slot_fence_key(prefix, names->key, names->keylen);
 	}
+}
+
+/*
+ * What a Redis key must not contain to be a lock's key: the marks of the
+ * keys that locks use beside their own, ours and Redisson's.  A lock key
+ * equal to one of them would take its place: a string lock where a fence
+ * counter should be makes every acquire in that slot fail with WRONGTYPE,
+ * a hash where a fair queue should be breaks that lock's queue.  Each
+ * such key contains its mark whatever the key prefix (which only ever
+ * comes first), so refusing every key that contains one, anywhere, also
+ * covers a role whose prefix differs from the owner's of the key (roles
+ * of several prefixes may share one Redis user) and a mark that the
+ * prefix and the name make only together.
+ */
+static const char *const reserved_marks[] = {
+	RL_FENCE_MARKER,			/* our fence counters, every prefix */
+	"redisson_lock_token:",		/* RFencedLock's counter (and ours, with
+								 * redis_lock.redisson_token_counter) */
+	"redisson_lock_queue:",		/* RFairLock's queue */
+	"redisson_lock_timeout:",	/* RFairLock's timeout set */
+	":rwlock_timeout:",			/* RReadWriteLock's read hold timeouts */
+	"redisson_unlock_latch:",	/* RLock's unlock results (Redisson 3.2x+) */
+};
+
+/*
+ * The reserved mark (above) that prefix || name contains, or NULL when the
+ * key may be a lock's.  Checked on every lock name a SQL function is given
+ * (functions.c), before anything is built or sent.
+ */
+const char *
+rl_reserved_mark(const char *prefix, const char *name)
+{
+	char	   *key = concat4(prefix ? prefix : "", name, "", "");
+	const char *found = NULL;
+
+	/* every mark has a ':', most names do not */
+	if (strchr(key, ':') != NULL)
+	{
+		for (size_t i = 0; i < lengthof(reserved_marks) && found == NULL; i++)
+			if (strstr(key, reserved_marks[i]) != NULL)
+				found = reserved_marks[i];
+	}
+	pfree(key);
+	return found;
 }
 
 /*

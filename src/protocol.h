@@ -51,6 +51,10 @@ typedef struct RLLockNames
 	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
 	bool		script_free;	/* simple layout without Lua scripts
 								 * (redis_lock.scripting off when built) */
+	bool		name_counter;	/* redisson layouts: fencing tokens also
+								 * count Redisson's per-name counter
+								 * (redis_lock.redisson_token_counter on
+								 * when built) */
 } RLLockNames;
 
 /*
@@ -125,6 +129,7 @@ extern void rl_names_from_key(RLLockNames *names, RLProtocol protocol,
 							  const char *prefix, const char *key,
 							  MemoryContext cxt);
 extern void rl_new_owner(RLProtocol protocol, char *owner);
+extern const char *rl_reserved_mark(const char *prefix, const char *name);
 extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
 						   int nkeys, const char **keys, int nargs,
 						   const char **args);

@@ -22,6 +22,9 @@
  * publishes on release (foreign clients such as redis-py do not). */
 #define RL_TOKEN_MARKER "pgrl:"
 
+/* What every fence counter's name has after the key prefix */
+#define RL_FENCE_MARKER "redis_lock:fence:"
+
 /* protocol.c: names, tokens and arguments every form uses */
 extern void rl_hex_encode(const uint8 *in, int n, char *out);
 extern char *rl_ms_text(int64 ms);
@@ -35,6 +38,7 @@ extern char *rl_redisson_prefix_name(const char *prefix, const char *key);
 extern bool rl_is_lock_value(const char *s, size_t len);
 extern bool rl_is_holder_field(const char *s, size_t len, bool *writer);
 extern bool rl_is_hold_count(const char *s, size_t len);
+extern char *rl_name_counter_key(const RLLockNames *n);
 
 /* scriptfree.c: the script-free form of an operation */
 extern int	rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind,

@@ -97,15 +97,63 @@ static const char *simple_extend_lua =
 "return 0\n";
 
 /*
- * redisson, acquire (RLock layout; doc/clients.md, "Redisson (Java)").  KEYS: lock, token
- * counter.  ARGV: lease ms, field, fence flag.  Our field's count stays 1: reentrancy
- * is counted in the backend, so a repeated acquire is idempotent.  The
- * counter is incremented on every grant, as RFencedLock does.
+ * The fencing token of a grant under the redisson layouts (Lua, put in
+ * front of their acquire scripts): token(c, nc, floor) counts the slot's
+ * fence counter c, the one the simple layout counts (a missing one starts
+ * at the server clock in microseconds, as in simple_acquire_lua), and,
+ * when nc is given (redis_lock.redisson_token_counter on), Redisson's
+ * RFencedLock counter of the lock too.  The token is one more than the
+ * highest of them (and than floor: acquire many's order), and every
+ * counter counted is left at the token.  So both counters are at least
+ * every token SQL has handed out for the lock, whichever setting each
+ * grant was made with, and the next token, from either, is larger; a
+ * per-name counter that Redisson's INCR started at 1 is raised to the
+ * slot's sequence at SQL's first grant (doc/clients.md, "Fencing tokens
+ * and what stays in Redis").
+ */
+#define REDISSON_TOKEN_LUA \
+"local function token(c, nc, floor)\n" \
+"  local f = redis.call('incr', c)\n" \
+"  local setc = false\n" \
+"  local setnc = false\n" \
+"  if f == 1 then\n" \
+"    local t = redis.call('time')\n" \
+"    f = tonumber(t[1]) * 1000000 + tonumber(t[2])\n" \
+"    setc = true\n" \
+"  end\n" \
+"  if nc then\n" \
+"    local g = redis.call('incr', nc)\n" \
+"    if g > f then\n" \
+"      f = g\n" \
+"      setc = true\n" \
+"    elseif g < f then\n" \
+"      setnc = true\n" \
+"    end\n" \
+"  end\n" \
+"  if f <= floor then\n" \
+"    f = floor + 1\n" \
+"    setc = true\n" \
+"    setnc = nc ~= nil\n" \
+"  end\n" \
+"  if setc then redis.call('set', c, string.format('%.0f', f)) end\n" \
+"  if setnc then redis.call('set', nc, string.format('%.0f', f)) end\n" \
+"  return f\n" \
+"end\n"
+
+/*
+ * redisson, acquire (RLock layout; doc/clients.md, "Redisson (Java)").
+ * KEYS: lock, the slot's fence counter, [Redisson's per-name counter].
+ * ARGV: lease ms, field, fence flag ("0": no token, as for Redlock; "1":
+ * the slot's counter; "2": both counters, KEYS[3]).  Our field's count
+ * stays 1: reentrancy is counted in the backend, so a repeated acquire is
+ * idempotent.  A token is counted on every grant, as RFencedLock does.
  */
 static const char *redisson_acquire_lua =
+REDISSON_TOKEN_LUA
 "local function fence()\n"
-"  if ARGV[3] ~= '1' then return 0 end\n"
-"  return redis.call('incr', KEYS[2])\n"
+"  if ARGV[3] == '0' then return 0 end\n"
+"  if ARGV[3] == '2' then return token(KEYS[2], KEYS[3], 0) end\n"
+"  return token(KEYS[2], nil, 0)\n"
 "end\n"
 "if redis.call('exists', KEYS[1]) == 0 then\n"
 "  redis.call('hincrby', KEYS[1], ARGV[2], 1)\n"
@@ -123,10 +171,12 @@ static const char *redisson_acquire_lua =
 
 /*
  * redisson_fair, acquire (RFairLock layout; doc/rwlock-fairlock.md).  KEYS:
- * lock, token counter, queue (list of waiting owners), timeout set (owner ->
- * the time in ms after which that waiter counts as gone).  ARGV: lease ms,
- * field, fence flag, wait ms of this waiter, now (Unix ms, our clock, as
- * Redisson uses its client's), "1" to join the queue when busy.
+ * lock, the slot's fence counter, queue (list of waiting owners), timeout
+ * set (owner -> the time in ms after which that waiter counts as gone),
+ * [Redisson's per-name counter].  ARGV: lease ms, field, fence flag (as
+ * redisson_acquire_lua's; "2": KEYS[5]), wait ms of this waiter, now (Unix
+ * ms, our clock, as Redisson uses its client's), "1" to join the queue
+ * when busy.
  *
  * Queue heads whose time has passed leave first.  The lock is granted when
  * it is free and the queue is empty or we are its head; we then leave the
@@ -135,9 +185,11 @@ static const char *redisson_acquire_lua =
  * Reentrancy is counted in the backend, as for "redisson".
  */
 static const char *fair_acquire_lua =
+REDISSON_TOKEN_LUA
 "local function fence()\n"
-"  if ARGV[3] ~= '1' then return 0 end\n"
-"  return redis.call('incr', KEYS[2])\n"
+"  if ARGV[3] == '0' then return 0 end\n"
+"  if ARGV[3] == '2' then return token(KEYS[2], KEYS[5], 0) end\n"
+"  return token(KEYS[2], nil, 0)\n"
 "end\n"
 "local now = tonumber(ARGV[5])\n"
 "while true do\n"
@@ -555,11 +607,14 @@ static const char *simple_acquire_many_lua =
 
 /*
  * redisson (RLock hashes, as a RedissonMultiLock takes them).  KEYS: n
- * locks, then their n token counters.  ARGV: our field, fence flag, then
- * for each key its lease ms and held flag.
+ * locks, then their n slots' fence counters, then (fence flag "2") their
+ * n per-name counters.  ARGV: our field, fence flag (as
+ * redisson_acquire_lua's), then for each key its lease ms and held flag.
  */
 static const char *redisson_acquire_many_lua =
+REDISSON_TOKEN_LUA
 "local n = #KEYS / 2\n"
+"if ARGV[2] == '2' then n = #KEYS / 3 end\n"
 "for i = 1, n do\n"
 "  local b = 2 + 2 * (i - 1)\n"
 "  local t = redis.call('type', KEYS[i])['ok']\n"
@@ -583,12 +638,10 @@ static const char *redisson_acquire_many_lua =
 "  end\n"
 "  redis.call('pexpire', KEYS[i], ARGV[b + 1])\n"
 "  local f = 0\n"
-"  if ARGV[b + 2] ~= '1' and ARGV[2] == '1' then\n"
-"    f = redis.call('incr', KEYS[n + i])\n"
-"    if f <= floor then\n"
-"      f = floor + 1\n"
-"      redis.call('set', KEYS[n + i], string.format('%.0f', f))\n"
-"    end\n"
+"  if ARGV[b + 2] ~= '1' and ARGV[2] ~= '0' then\n"
+"    local nc = nil\n"
+"    if ARGV[2] == '2' then nc = KEYS[2 * n + i] end\n"
+"    f = token(KEYS[n + i], nc, floor)\n"
 "    floor = f\n"
 "  end\n"
 "  out[i + 1] = f\n"
@@ -690,7 +743,7 @@ rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
 			   const char **keys, int nargs, const char **args)
 {
 	RLScript   *s = &scripts[id];
-	static const char *nkeys_text[] = {"0", "1", "2", "3", "4"};
+	static const char *nkeys_text[] = {"0", "1", "2", "3", "4", "5"};
 	int			i;
 
 	Assert(nkeys < (int) lengthof(nkeys_text));
@@ -834,24 +887,32 @@ static void
 script_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 			   bool fence, int64 queue_wait_ms)
 {
-	const char *keys[2] = {n->key, n->fence_key};
+	const char *keys[3] = {n->key, n->fence_key, NULL};
 	const char *f = fence ? "1" : "0";
+	bool		by_name = fence && n->name_counter;
 
+	if (by_name)
+		f = "2";
 	if (n->protocol == RL_PROTOCOL_REDISSON_FAIR)
 	{
-		const char *fkeys[4] = {n->key, n->fence_key, rl_fair_queue_key(n),
-		rl_fair_timeout_key(n)};
+		const char *fkeys[5] = {n->key, n->fence_key, rl_fair_queue_key(n),
+			rl_fair_timeout_key(n),
+		by_name ? rl_name_counter_key(n) : NULL};
 		const char *args[6] = {rl_ms_text(lease_ms), n->owner, f,
 			rl_ms_text(queue_wait_ms), rl_unix_ms_text(),
 		queue_wait_ms > 0 ? "1" : "0"};
 
-		rl_script_call(call, conn, RL_SCRIPT_FAIR_ACQUIRE, 4, fkeys, 6, args);
+		rl_script_call(call, conn, RL_SCRIPT_FAIR_ACQUIRE, by_name ? 5 : 4,
+					   fkeys, 6, args);
 	}
 	else if (n->protocol == RL_PROTOCOL_REDISSON)
 	{
 		const char *args[3] = {rl_ms_text(lease_ms), n->owner, f};
 
-		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, 2, keys, 3, args);
+		if (by_name)
+			keys[2] = rl_name_counter_key(n);
+		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, by_name ? 3 : 2,
+					   keys, 3, args);
 	}
 	else if (n->protocol == RL_PROTOCOL_RW_READ)
 	{
@@ -896,10 +957,19 @@ rl_call_acquire_many(RLCall *call, RLConn *conn, const RLLockNames *const *names
 	bool		simple = names[0]->protocol == RL_PROTOCOL_SIMPLE;
 	RLScript   *s = &scripts[simple ? RL_SCRIPT_SIMPLE_ACQUIRE_MANY :
 								 RL_SCRIPT_REDISSON_ACQUIRE_MANY];
-	char	   *nkeys = psprintf("%d", 2 * n);
+	bool		by_name = false;
+	char	   *nkeys;
 	int			i;
 
 	Assert(rl_protocol_has_many(names[0]->protocol));
+
+	/*
+	 * One choice for the call (a lock held from before a change of the
+	 * setting has its own flag, but no token is counted for it)
+	 */
+	for (i = 0; i < n && fence && !simple; i++)
+		by_name |= names[i]->name_counter;
+	nkeys = psprintf("%d", (by_name ? 3 : 2) * n);
 	ensure_shas();
 	rl_call_set(call, conn, 0, NULL, NULL);
 	rl_call_arg(call, "EVALSHA", 7);
@@ -909,11 +979,17 @@ rl_call_acquire_many(RLCall *call, RLConn *conn, const RLLockNames *const *names
 		rl_call_arg(call, names[i]->key, names[i]->keylen);
 	for (i = 0; i < n; i++)
 		rl_call_arg(call, names[i]->fence_key, strlen(names[i]->fence_key));
+	for (i = 0; i < n && by_name; i++)
+	{
+		char	   *k = rl_name_counter_key(names[i]);
+
+		rl_call_arg(call, k, strlen(k));
+	}
 	if (simple)
 		rl_call_arg(call, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
 	else
 		rl_call_arg(call, names[0]->owner, strlen(names[0]->owner));
-	rl_call_arg(call, fence ? "1" : "0", 1);
+	rl_call_arg(call, by_name ? "2" : fence ? "1" : "0", 1);
 	for (i = 0; i < n; i++)
 	{
 		char	   *ms = rl_ms_text(lease_ms[i]);

@@ -40,6 +40,7 @@ int			rl_connect_timeout_ms = 2000;
 int			rl_command_timeout_ms = 2000;
 int			rl_protocol = RL_PROTOCOL_SIMPLE;
 bool		rl_scripting = true;
+bool		rl_redisson_token_counter = false;
 bool		rl_verify_on_commit = true;
 bool		rl_session_locks = true;
 int			rl_max_locks = 1024;
@@ -847,6 +848,23 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.int_default = RL_PROTOCOL_SIMPLE,
 		.enum_options = protocol_options,
 		.context = PGC_USERSET,
+	},
+
+	/*
+	 * Superuser-only: on, every lock name taken under the redisson layouts
+	 * leaves a permanent key in Redis (Redisson's RFencedLock counter), so
+	 * a role free to choose names could fill Redis with them.  Off, tokens
+	 * come from the per-slot counters the simple layout uses (at most 16384
+	 * per key prefix).  doc/clients.md says why tokens never go down
+	 * either way.
+	 */
+	{
+		.kind = RL_SETTING_BOOL,
+		.name = "redis_lock.redisson_token_counter",
+		.short_desc = "Under the redisson layouts, also count fencing tokens on Redisson's RFencedLock counter redisson_lock_token:{name}, a permanent key per lock name.",
+		.bool_var = &rl_redisson_token_counter,
+		.bool_default = false,
+		.context = PGC_SUSET,
 	},
 
 	/*

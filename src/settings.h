@@ -43,6 +43,7 @@ extern int	rl_connect_timeout_ms;
 extern int	rl_command_timeout_ms;
 extern int	rl_protocol;
 extern bool rl_scripting;
+extern bool rl_redisson_token_counter;
 extern bool rl_verify_on_commit;
 extern bool rl_session_locks;
 extern int	rl_max_locks;

@@ -207,16 +207,42 @@ def test_force_unlock_both_ways(java, rsql, sessions, rc):
 
 
 def test_fencing_tokens_form_one_sequence_with_rfencedlock(java, rsql, rc):
+    """With redis_lock.redisson_token_counter on, SQL counts RFencedLock's
+    own counter too: one sequence with lockAndGetToken().  Java's first
+    INCR starts it at 1; SQL's first grant raises it to the slot's
+    sequence (started at the server clock), and from there both sides
+    count one by one."""
     a = rsql()
+    a.run("SET redis_lock.redisson_token_counter = on")
     tokens = []
     for turn in range(3):
         tokens.append(int(java.call("t6", "fenced", "fenced")))
         assert java.call("t6", "unlock", "fenced") is True
         tokens.append(a.run("SELECT redis_lock_acquire('fenced', ttl => '10s')"))
         assert a.run("SELECT redis_lock_release('fenced')") is True
-    assert tokens == list(range(tokens[0], tokens[0] + 6))
+    assert tokens[0] == 1
+    assert tokens[1] > 10 ** 15
+    assert tokens[1:] == list(range(tokens[1], tokens[1] + 5))
     assert int(rc.get("redisson_lock_token:{fenced}")) == tokens[-1]
     assert rc.ttl("redisson_lock_token:{fenced}") == -1
+
+
+def test_sql_tokens_by_default_leave_no_key_per_name(java, rsql, rc):
+    """The default: SQL's tokens come from the slot's fence counter, and no
+    redisson_lock_token:{name} is made; Java's RFencedLock keeps its own."""
+    a = rsql()
+    names = ["plain%d" % i for i in range(20)]
+    for n in names:
+        assert a.run("SELECT redis_lock_acquire(%s, ttl => '10s') > 0", (n,)) is True
+        assert a.run("SELECT redis_lock_release(%s)", (n,)) is True
+    assert not rc.keys("redisson_lock_token:*")
+    assert all(k.startswith(b"redis_lock:fence:{") for k in rc.keys("*"))
+    # a Java RLock taken after SQL's is unaffected, and an RFencedLock still
+    # counts its own counter from 1
+    assert java.call("t8", "lock", names[0]) is True
+    assert java.call("t8", "unlock", names[0]) is True
+    assert int(java.call("t8", "fenced", names[1])) == 1
+    assert java.call("t8", "unlock", names[1]) is True
 
 
 def test_mixed_layouts_fail_safe_with_a_real_rlock(java, sessions, rc):
