@@ -73,7 +73,7 @@
  * (a redisReply and its parent's pointer to it) and its strings, plus the
  * bytes received and not parsed yet: a reply made to stay just under both
  * limits peaks at about 75 MB at the default max_locks, its palloc'd copy
- * included (t/test_security_replies.py measures the rest: the bulk string
+ * included (t/test_security.py measures the rest: the bulk string
  * that never ends, or the wide arrays, of an attack are cut off at about
  * 18 MB).
  */

@@ -552,7 +552,7 @@ def test_more_than_16_redlock_masters_are_refused(env):
 
 def test_password_set_in_a_session_reaches_the_watchdog():
     # not per role: ALTER ROLE ... SET of a password is refused (its value
-    # would be readable in pg_db_role_setting, t/test_security_secrets.py)
+    # would be readable in pg_db_role_setting, t/test_security.py)
     r = testbed.Redis(password="session-secret").start()
     pg = fresh_pg(**{"redis_lock.url": r.url})
     try:
