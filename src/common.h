@@ -101,6 +101,22 @@
 #define RL_MAX_MS			((int64) PG_INT32_MAX)
 
 /*
+ * A case that falls through to the next: PostgreSQL 19 builds with
+ * -Wimplicit-fallthrough=5, where only the attribute counts, and defines
+ * pg_fallthrough in c.h; for 13-18 it is defined here the same way.
+ */
+#ifndef pg_fallthrough
+#if defined(__has_attribute)
+#if __has_attribute(fallthrough)
+#define pg_fallthrough __attribute__((fallthrough))
+#endif
+#endif
+#endif
+#ifndef pg_fallthrough
+#define pg_fallthrough ((void) 0)
+#endif
+
+/*
  * The extension's version, as redis_lock.control's default_version: what
  * PostgreSQL 18's pg_get_loaded_modules() shows (module.c).
  */

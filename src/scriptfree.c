@@ -166,7 +166,7 @@ rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 			if (unit == NULL)
 				return 2;
 			free_call(unit, k++, conn, 2, pttl);
-			/* FALLTHROUGH */
+			pg_fallthrough;
 		case RL_OP_EXTEND:
 			if (unit == NULL)
 				return 1;
