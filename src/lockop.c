@@ -6,9 +6,10 @@
  *	  script, or the commands of its script-free form -- all sent in one
  *	  round trip, and the answers counted into one decision by majority
  *	  (yes >= quorum, or no > nodes - quorum).  Also what a failed call
- *	  means: not run, or an outcome nobody knows.  A release can also be
- *	  sent without waiting (rl_lock_ops_send) and counted once its replies
- *	  are in (rl_lock_op_answered).
+ *	  means: not run (a refusal, replies.c says which), or an outcome
+ *	  nobody knows.  A release can also be sent without waiting
+ *	  (rl_lock_ops_send) and counted once its replies are in
+ *	  (rl_lock_op_answered).
  *
  *	  Must not: build scripts or names (scripts.c, protocol.c do), keep
  *	  state about held locks (locktable.c does), raise for a node's failure
@@ -686,7 +687,7 @@ count_many_answer(RLManyOp *op, RLCall *call)
 	op->failed++;
 	if (op->failure == NULL)
 		op->failure = call;
-	if (call->sent || call->reply != NULL)
+	if (rl_unit_may_have_run(call, 1))
 		op->maybe_ran = true;
 }
 

@@ -515,6 +515,81 @@ def test_the_worker_keeps_the_form_a_lock_was_taken_with(valkey, vk):
         pg.cleanup()
 
 
+# ---------------------------------------------------------------- refusals (issue 33, item 6)
+
+def refused_scripts(r):
+    """How many script commands r has refused so far (INFO commandstats'
+    rejected_calls: an ACL's NOPERM counts there, before anything ran)."""
+    stats = r.client().info("commandstats")
+    return sum(stats.get("cmdstat_" + cmd, {}).get("rejected_calls", 0)
+               for cmd in ("evalsha", "eval", "evalsha_ro", "eval_ro"))
+
+
+REFUSED_USER = "rl_refused"
+
+
+def deny_scripts_nopass(r):
+    """A user of its own, without a password (so that a server without
+    preloading needs none in its configuration), refused every script."""
+    r.client().execute_command("ACL", "SETUSER", REFUSED_USER, "reset", "on", "nopass",
+                               "~*", "&*", "+@all", "-@scripting")
+
+
+def scripted_pg(r, preload=True, **conf):
+    """A server with scripting on (its default) whose Redis user is
+    REFUSED_USER."""
+    conf.setdefault("redis_lock.url", "redis://%s@127.0.0.1:%d/0" % (REFUSED_USER, r.port))
+    return testbed.Postgres(preload=preload, conf=conf).init().start().with_extension()
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["preloaded", "not-preloaded"])
+def test_a_refused_acquire_leaves_nothing_to_settle(valkey, preload):
+    """Scripting on against a server whose ACL denies scripts: the
+    acquire's EVALSHA is refused with NOPERM before anything ran, so the
+    acquire fails with 42501 and nothing is left to settle -- no doubt for
+    the worker (which would send its release again and again) nor for the
+    session's next calls (without preloading): the server refuses nothing
+    more, for seconds."""
+    c = valkey.client()
+    c.flushall()
+    deny_scripts_nopass(valkey)
+    c.config_resetstat()
+    pg = scripted_pg(valkey, preload=preload)
+    a = Session(pg)
+    try:
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0    # loads it
+        assert a.run("SHOW redis_lock.scripting") == "on"
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege) as ei:
+            a.run("SELECT redis_lock_acquire('refused', ttl => '5s')")
+        assert "NOPERM" in str(ei.value)
+        assert c.keys("*") == []
+        refused = refused_scripts(valkey)
+        assert refused >= 1
+        # the worker retries a doubt at most 100 ms apart; the session
+        # settles its own at each call
+        t_end = time.monotonic() + 3.0 * S
+        while time.monotonic() < t_end:
+            assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+            assert refused_scripts(valkey) == refused, "a refused acquire was settled as a doubt"
+            time.sleep(0.2)
+        assert a.run("SELECT count(*) FROM redis_lock_locks") == 0
+        assert "could not renew or release" not in pg.log_text()
+        # a try_acquire and a set are refused the same way, and leave
+        # nothing either
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            a.run("SELECT redis_lock_try_acquire('refused2')")
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            a.run("SELECT redis_lock_acquire_many(ARRAY['m1', 'm2'], ttl => '5s')")
+        refused = refused_scripts(valkey)
+        time.sleep(1.0 * S)
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+        assert refused_scripts(valkey) == refused
+    finally:
+        a.close()
+        pg.cleanup()
+        c.execute_command("ACL", "LOG", "RESET")
+
+
 # ---------------------------------------------------------------- topologies
 
 @pytest.fixture(scope="module")
