@@ -512,12 +512,15 @@ rl_error_reply_sqlstate(const RLReply *r)
  * in Redis?  A script that was sent may have run part way, unless its
  * reply proves it did not start (rl_reply_proves_not_run: a refusal of
  * EVALSHA, NOSCRIPT after which the EVAL sent again was refused, ...).  A
- * script-free unit did nothing when every call got its reply: an error
- * means its command (or the transaction) did not run.
+ * script-free unit's single commands each ran whole or not at all, an
+ * error meaning not; but a transaction whose EXEC answered ran, although a
+ * command in it failed: Redis does not roll back the SET before a failed
+ * INCR.  And a call sent whose reply never came may have run.
  */
 bool
 rl_unit_may_have_run(RLCall *unit, int n)
 {
+	RLReply    *x = unit[n - 1].reply;
 	int			i;
 
 	if (is_script_unit(unit))
@@ -529,7 +532,8 @@ rl_unit_may_have_run(RLCall *unit, int n)
 	for (i = 0; i < n; i++)
 		if (unit[i].reply == NULL && unit[i].sent)
 			return true;
-	return false;
+	return pg_strcasecmp(unit->argv[0], "MULTI") == 0 && n > 1 &&
+		x != NULL && x->type == REDIS_REPLY_ARRAY;
 }
 
 /*

@@ -371,6 +371,29 @@ def test_wrong_type_is_refused_untouched(vk):
     assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
 
 
+def test_a_transaction_that_failed_after_its_set_is_cleaned_up(vk):
+    """Redis runs every command of a MULTI ... EXEC and keeps what ran
+    before one that failed: a corrupted fence counter fails the acquire's
+    INCR after its SET took the lock.  That grant is a doubt, never counted
+    as held, and the worker deletes it at once -- as a script that failed
+    after its SET (test_faults.py::test_script_error_after_a_write_is_cleaned_up);
+    not left for its 60 s lease."""
+    c, session = vk
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('tx-fail') > 0")
+    assert a.run("SELECT redis_lock_release('tx-fail')") is True
+    fence_key, = c.keys("redis_lock:fence:*")
+    c.set(fence_key, "not-a-number")
+    with pytest.raises(psycopg2.Error):
+        a.run("SELECT redis_lock_acquire('tx-fail', ttl => '60s')")
+    assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+    testbed.wait_until(lambda: c.exists("tx-fail") == 0, 1.0 * S,
+                       what="the worker to delete the grant of the failed transaction")
+    c.delete(fence_key)
+    assert a.run("SELECT redis_lock_acquire('tx-fail', ttl => '60s') > 0")
+    assert a.run("SELECT redis_lock_release('tx-fail')") is True
+
+
 def test_transaction_scoped_locks_go_at_commit_and_rollback(vk):
     c, session = vk
     a = session()
