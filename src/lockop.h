@@ -36,6 +36,8 @@ typedef struct RLLockOp
 	int			yes;
 	int			no;
 	int			failed;
+	int			refused;		/* failed nodes that refused it in a way that
+								 * would come again (rl_reply_is_permanent) */
 	bool		maybe_ran;		/* a failed call may have run in Redis */
 	RLCall	   *failure;		/* first failed call */
 	RLCall	   *calls;			/* stride per node, its unit first */

@@ -4,7 +4,8 @@
  *	  Owns the decoding of the replies of every form of a lock operation,
  *	  scripted or script-free: grants, flags, found leases, inspection,
  *	  which call of a unit failed or may have run, and what an error reply
- *	  proves (whether nothing ran) and the SQLSTATE it gets.
+ *	  proves (nothing ran; a refusal that would come again) and the
+ *	  SQLSTATE it gets.
  *
  *	  Must not: build or send commands, keep state about held locks or
  *	  waits, or decide anything from the answers of several nodes (lockop.c
@@ -480,6 +481,34 @@ rl_reply_proves_not_run(const RLReply *r)
 }
 
 /*
+ * Would the command answered with error r be refused the same way if it
+ * were sent again, until an administrator changes something?  An ACL
+ * refusal (of the command or a key, or of a command a script calls), a
+ * command the server does not know (also one a script calls), wrong
+ * arguments, a key of another type.  Not a failure that passes: a
+ * redirection, a server loading or out of memory, a lost connection.
+ */
+bool
+rl_reply_is_permanent(const RLReply *r)
+{
+	static const char *const codes[] = {"NOPERM", "WRONGTYPE",
+		"ERR unknown command", "ERR wrong number of arguments"};
+	static const char *const in_script[] = {"ACL failure in script",
+		"The user executing the script can't", "command called from script"};
+	int			k;
+
+	if (r == NULL || r->type != REDIS_REPLY_ERROR)
+		return false;
+	for (k = 0; k < (int) lengthof(codes); k++)
+		if (error_starts(r, codes[k]))
+			return true;
+	for (k = 0; k < (int) lengthof(in_script); k++)
+		if (strstr(r->str, in_script[k]) != NULL)
+			return true;
+	return false;
+}
+
+/*
  * The SQLSTATE a caller gets for error reply r: a server that cannot take
  * the command now (08006), an ACL refusal (42501), a key of another type
  * (42809), out of memory (53000); anything else is Redis' own (38000).
@@ -534,6 +563,18 @@ rl_unit_may_have_run(RLCall *unit, int n)
 			return true;
 	return pg_strcasecmp(unit->argv[0], "MULTI") == 0 && n > 1 &&
 		x != NULL && x->type == REDIS_REPLY_ARRAY;
+}
+
+/*
+ * Was a unit of n calls that gave no usable answer refused in a way that
+ * would come again (rl_reply_is_permanent), by the call to blame?
+ */
+bool
+rl_unit_refused_for_good(RLOpKind kind, RLCall *unit, int n)
+{
+	RLCall	   *blame = rl_unit_failure(kind, unit, n);
+
+	return blame->error == NULL && rl_reply_is_permanent(blame->reply);
 }
 
 /*

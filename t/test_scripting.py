@@ -613,6 +613,57 @@ def test_a_refused_acquire_leaves_nothing_to_settle(valkey, preload):
         c.execute_command("ACL", "LOG", "RESET")
 
 
+def test_a_release_refused_for_good_backs_off_and_ends_with_one_log_line(valkey):
+    """A session takes a lock with scripts allowed; then the ACL denies
+    scripts and the session exits.  Its release at exit is refused (NOPERM),
+    and so is every release of the worker's after it: the lock cannot be
+    deleted, only run out.  The worker backs off instead of asking ten
+    times a second, drops the release once the lease has surely run out (the
+    lease, plus twice command_timeout and connect_timeout), and says so in
+    one LOG line naming the lock, the server and the refusal -- not a line
+    every 10 s."""
+    c = valkey.client()
+    c.flushall()
+    deny_scripts_nopass(valkey)
+    c.execute_command("ACL", "SETUSER", REFUSED_USER, "+@scripting")
+    pg = scripted_pg(valkey, **{"redis_lock.command_timeout": "500ms",
+                                "redis_lock.connect_timeout": "500ms"})
+    a = Session(pg)
+    try:
+        assert a.run("SELECT redis_lock_acquire('kept', ttl => '2s') > 0")
+        assert c.get("kept").startswith(MARKER)
+        c.execute_command("ACL", "SETUSER", REFUSED_USER, "-@scripting")
+        c.config_resetstat()
+        since = len(pg.log_text())
+        a.conn.close()
+        exited = time.monotonic()
+
+        def gave_up():
+            return 'Redis lock "kept"' in pg.log_text()[since:]
+        testbed.wait_until(gave_up, 15 * S, what="the worker's line about the refused release")
+        took = time.monotonic() - exited
+        # the lease ran out; the line came at the horizon (3.5 s), not 10
+        # minutes later
+        assert c.exists("kept") == 0
+        assert 2.0 <= took < 3.5 + 2.0 * S, took
+        refused = refused_scripts(valkey)
+        time.sleep(1.5)
+        assert refused_scripts(valkey) == refused, "the worker went on after its last line"
+        # backed off: 10 a second until the horizon would be about 35
+        assert 2 <= refused <= 12, refused
+        log = pg.log_text()[since:].splitlines()
+        lines = [i for i, l in enumerate(log) if 'Redis lock "kept"' in l]
+        assert len(lines) == 1, log
+        line, detail = log[lines[0]], log[lines[0] + 1]
+        assert "127.0.0.1:%d" % valkey.port in line
+        assert "DETAIL" in detail and "NOPERM" in detail, detail
+        assert "could not renew or release" not in "\n".join(log)
+    finally:
+        a.close()
+        pg.cleanup()
+        c.execute_command("ACL", "LOG", "RESET")
+
+
 # ---------------------------------------------------------------- topologies
 
 @pytest.fixture(scope="module")
