@@ -6,9 +6,10 @@
  *	  script, or the commands of its script-free form -- all sent in one
  *	  round trip, and the answers counted into one decision by majority
  *	  (yes >= quorum, or no > nodes - quorum).  Also what a failed call
- *	  means: not run, or an outcome nobody knows.  A release can also be
- *	  sent without waiting (rl_lock_ops_send) and counted once its replies
- *	  are in (rl_lock_op_answered).
+ *	  means: not run (a refusal, replies.c says which), or an outcome
+ *	  nobody knows; and whether a refusal would come again.  A release can
+ *	  also be sent without waiting (rl_lock_ops_send) and counted once its
+ *	  replies are in (rl_lock_op_answered).
  *
  *	  Must not: build scripts or names (scripts.c, protocol.c do), keep
  *	  state about held locks (locktable.c does), raise for a node's failure
@@ -96,6 +97,8 @@ count_failure(RLLockOp *op, RLCall *unit, int n)
 		op->failure = blame;
 	if (rl_unit_may_have_run(unit, n))
 		op->maybe_ran = true;
+	if (rl_unit_refused_for_good(op->kind, unit, n))
+		op->refused++;
 }
 
 /*
@@ -202,7 +205,7 @@ add_wait_call(RLCall *call, RLConn *conn, RLTarget *target)
 static void
 reset_op(RLLockOp *op, RLCall *calls)
 {
-	op->nodes = op->yes = op->no = op->failed = 0;
+	op->nodes = op->yes = op->no = op->failed = op->refused = 0;
 	op->maybe_ran = op->holder_publishes = false;
 	op->failure = NULL;
 	op->wrongtype = NULL;
@@ -576,7 +579,7 @@ rl_lock_op_answered(RLLockOp *op)
 		if (op->calls[c].owed)
 			return false;
 	old = MemoryContextSwitchTo(rl_owed_context());
-	op->yes = op->no = op->failed = 0;
+	op->yes = op->no = op->failed = op->refused = 0;
 	op->maybe_ran = op->goes_again = false;
 	op->failure = NULL;
 	op->wrongtype = NULL;
@@ -686,7 +689,7 @@ count_many_answer(RLManyOp *op, RLCall *call)
 	op->failed++;
 	if (op->failure == NULL)
 		op->failure = call;
-	if (call->sent || call->reply != NULL)
+	if (rl_unit_may_have_run(call, 1))
 		op->maybe_ran = true;
 }
 

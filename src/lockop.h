@@ -36,7 +36,9 @@ typedef struct RLLockOp
 	int			yes;
 	int			no;
 	int			failed;
-	bool		maybe_ran;		/* a failed call may have reached Redis */
+	int			refused;		/* failed nodes that refused it in a way that
+								 * would come again (rl_reply_is_permanent) */
+	bool		maybe_ran;		/* a failed call may have run in Redis */
 	RLCall	   *failure;		/* first failed call */
 	RLCall	   *calls;			/* stride per node, its unit first */
 	char	   *wrongtype;		/* some node holds a foreign type */
@@ -80,7 +82,7 @@ typedef struct RLManyOp
 	int			yes;
 	int			no;
 	int			failed;
-	bool		maybe_ran;		/* a failed call may have reached Redis */
+	bool		maybe_ran;		/* a failed call may have run in Redis */
 	RLCall	   *failure;		/* first failed call */
 	RLCall	   *calls;
 	int			stride;			/* calls per node: 2 when WAIT follows */

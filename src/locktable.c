@@ -520,29 +520,7 @@ call_sqlstate(RLCall *call)
 	if (call->error != NULL)
 		return call->sqlstate ? call->sqlstate : ERRCODE_CONNECTION_FAILURE;
 	if (r != NULL && r->type == REDIS_REPLY_ERROR)
-	{
-		if (strncmp(r->str, "OOM", 3) == 0)
-			return ERRCODE_INSUFFICIENT_RESOURCES;
-		if (strncmp(r->str, "READONLY", 8) == 0 ||
-			strncmp(r->str, "MASTERDOWN", 10) == 0 ||
-			strncmp(r->str, "LOADING", 7) == 0 ||
-			strncmp(r->str, "BUSY", 4) == 0 ||
-			strncmp(r->str, "CLUSTERDOWN", 11) == 0 ||
-			strncmp(r->str, "TRYAGAIN", 8) == 0)
-			return ERRCODE_CONNECTION_FAILURE;
-		/*
-		 * An ACL refusal: NOPERM for a command, "can't run this command"
-		 * (Redis 7.0) or "ACL failure in script" (Redis 7.2+, Valkey) for
-		 * one inside a script
-		 */
-		if (strncmp(r->str, "NOPERM", 6) == 0 ||
-			strstr(r->str, "can't run this command") != NULL ||
-			strstr(r->str, "ACL failure in script") != NULL)
-			return ERRCODE_INSUFFICIENT_PRIVILEGE;
-		if (strncmp(r->str, "WRONGTYPE", 9) == 0)
-			return ERRCODE_WRONG_OBJECT_TYPE;
-		return ERRCODE_EXTERNAL_ROUTINE_EXCEPTION;
-	}
+		return rl_error_reply_sqlstate(r);
 	return ERRCODE_PROTOCOL_VIOLATION;
 }
 

@@ -150,6 +150,10 @@ extern void rl_learn_offers(RLConn **conns, int n, RLTarget *target,
 							RLCall **why);
 extern RLCall *rl_unit_failure(RLOpKind kind, RLCall *unit, int n);
 extern bool rl_unit_may_have_run(RLCall *unit, int n);
+extern bool rl_unit_refused_for_good(RLOpKind kind, RLCall *unit, int n);
+extern bool rl_reply_proves_not_run(const RLReply *r);
+extern bool rl_reply_is_permanent(const RLReply *r);
+extern int	rl_error_reply_sqlstate(const RLReply *r);
 extern int64 rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n);
 extern void rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res);
 extern RLReply *rl_inspect_reply(RLCall *unit, int n);

@@ -2,8 +2,10 @@
  *
  * replies.c
  *	  Owns the decoding of the replies of every form of a lock operation,
- *	  scripted or script-free: grants, flags, found leases, inspection, and
- *	  which call of a unit failed or may have run.
+ *	  scripted or script-free: grants, flags, found leases, inspection,
+ *	  which call of a unit failed or may have run, and what an error reply
+ *	  proves (nothing ran; a refusal that would come again) and the
+ *	  SQLSTATE it gets.
  *
  *	  Must not: build or send commands, keep state about held locks or
  *	  waits, or decide anything from the answers of several nodes (lockop.c
@@ -420,23 +422,159 @@ rl_unit_failure(RLOpKind kind, RLCall *unit, int n)
 	return free_answer(kind, unit, n);
 }
 
+/* ----------------------------------------------------------------
+ * Error replies: what they prove
+ * ----------------------------------------------------------------
+ */
+
+static bool
+error_starts(const RLReply *r, const char *prefix)
+{
+	return strncmp(r->str, prefix, strlen(prefix)) == 0;
+}
+
+/*
+ * Was error reply r raised while a script ran?  Every such error says
+ * where in the script: Redis 6 "Error running script (call to f_<sha>):
+ * @user_script:N: ...", Redis 7 and later and Valkey "... script: <sha>,
+ * on @user_script:N." (also for a command the script called that the ACL
+ * denies: "ACL failure in script: ...", in Redis 7.0 "The user executing
+ * the script can't run this command ...").  A refusal of EVALSHA itself,
+ * before the script started, has no such mark.
+ */
+static bool
+raised_in_script(const RLReply *r)
+{
+	return strstr(r->str, "@user_script") != NULL;
+}
+
+/*
+ * Does error reply r prove that the command it answers changed nothing?
+ * Only the refusals Redis makes before it runs a command do: the ACL
+ * denies the command or one of its keys (NOPERM), the server does not know
+ * the command or its arguments are wrong, no script has that SHA1
+ * (NOSCRIPT), a redirection or a node that is no usable master
+ * (rl_reply_goes_again), another script is running (BUSY).  And OOM,
+ * wherever it comes from: Redis refuses a script's write for memory only
+ * while the script has written nothing.  Any other error may have come
+ * after a write: one raised while a script ran (a corrupted fence counter:
+ * the simple acquire's SET ran, its INCR failed; Redis keeps what a script
+ * wrote before it failed), or one of something between us and Redis.
+ */
+bool
+rl_reply_proves_not_run(const RLReply *r)
+{
+	static const char *const refusals[] = {"NOPERM", "NOSCRIPT", "BUSY ",
+		"ERR unknown command", "ERR wrong number of arguments"};
+	int			k;
+
+	if (r == NULL || r->type != REDIS_REPLY_ERROR)
+		return false;
+	if (error_starts(r, "OOM"))
+		return true;
+	if (raised_in_script(r))
+		return false;
+	for (k = 0; k < (int) lengthof(refusals); k++)
+		if (error_starts(r, refusals[k]))
+			return true;
+	return rl_reply_goes_again((RLReply *) r);
+}
+
+/*
+ * Would the command answered with error r be refused the same way if it
+ * were sent again, until an administrator changes something?  An ACL
+ * refusal (of the command or a key, or of a command a script calls), a
+ * command the server does not know (also one a script calls), wrong
+ * arguments, a key of another type.  Not a failure that passes: a
+ * redirection, a server loading or out of memory, a lost connection.
+ */
+bool
+rl_reply_is_permanent(const RLReply *r)
+{
+	static const char *const codes[] = {"NOPERM", "WRONGTYPE",
+		"ERR unknown command", "ERR wrong number of arguments"};
+	static const char *const in_script[] = {"ACL failure in script",
+		"The user executing the script can't", "command called from script"};
+	int			k;
+
+	if (r == NULL || r->type != REDIS_REPLY_ERROR)
+		return false;
+	for (k = 0; k < (int) lengthof(codes); k++)
+		if (error_starts(r, codes[k]))
+			return true;
+	for (k = 0; k < (int) lengthof(in_script); k++)
+		if (strstr(r->str, in_script[k]) != NULL)
+			return true;
+	return false;
+}
+
+/*
+ * The SQLSTATE a caller gets for error reply r: a server that cannot take
+ * the command now (08006), an ACL refusal (42501), a key of another type
+ * (42809), out of memory (53000); anything else is Redis' own (38000).
+ */
+int
+rl_error_reply_sqlstate(const RLReply *r)
+{
+	if (error_starts(r, "OOM"))
+		return ERRCODE_INSUFFICIENT_RESOURCES;
+	if (error_starts(r, "READONLY") || error_starts(r, "MASTERDOWN") ||
+		error_starts(r, "LOADING") || error_starts(r, "BUSY") ||
+		error_starts(r, "CLUSTERDOWN") || error_starts(r, "TRYAGAIN"))
+		return ERRCODE_CONNECTION_FAILURE;
+	/*
+	 * An ACL refusal: NOPERM for a command, "can't run this command" (Redis
+	 * 7.0) or "ACL failure in script" (Redis 7.2+, Valkey) for one inside a
+	 * script
+	 */
+	if (error_starts(r, "NOPERM") ||
+		strstr(r->str, "can't run this command") != NULL ||
+		strstr(r->str, "ACL failure in script") != NULL)
+		return ERRCODE_INSUFFICIENT_PRIVILEGE;
+	if (error_starts(r, "WRONGTYPE"))
+		return ERRCODE_WRONG_OBJECT_TYPE;
+	return ERRCODE_EXTERNAL_ROUTINE_EXCEPTION;
+}
+
 /*
  * May a unit of n calls that gave no usable answer have changed something
- * in Redis?  A script may have run part way whatever it replied.  A
- * script-free unit did nothing when every call got its reply: an error
- * means its command (or the transaction) did not run.
+ * in Redis?  A script that was sent may have run part way, unless its
+ * reply proves it did not start (rl_reply_proves_not_run: a refusal of
+ * EVALSHA, NOSCRIPT after which the EVAL sent again was refused, ...).  A
+ * script-free unit's single commands each ran whole or not at all, an
+ * error meaning not; but a transaction whose EXEC answered ran, although a
+ * command in it failed: Redis does not roll back the SET before a failed
+ * INCR.  And a call sent whose reply never came may have run.
  */
 bool
 rl_unit_may_have_run(RLCall *unit, int n)
 {
+	RLReply    *x = unit[n - 1].reply;
 	int			i;
 
 	if (is_script_unit(unit))
+	{
+		if (rl_reply_proves_not_run(unit->reply))
+			return false;
 		return unit->sent || unit->reply != NULL;
+	}
 	for (i = 0; i < n; i++)
 		if (unit[i].reply == NULL && unit[i].sent)
 			return true;
-	return false;
+	return pg_strcasecmp(unit->argv[0], "MULTI") == 0 && n > 1 &&
+		x != NULL && x->type == REDIS_REPLY_ARRAY;
+}
+
+/*
+ * Was a unit of n calls that gave no usable answer refused in a way that
+ * would come again (rl_reply_is_permanent), by the call to blame?
+ */
+bool
+rl_unit_refused_for_good(RLOpKind kind, RLCall *unit, int n)
+{
+	RLCall	   *blame = rl_unit_failure(kind, unit, n);
+
+	return blame->error == NULL && rl_reply_is_permanent(blame->reply);
 }
 
 /*

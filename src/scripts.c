@@ -12,6 +12,19 @@
  *	  resends a command after finding a cached connection dead, and
  *	  locktable.c relies on it to clean up acquires whose outcome is unknown.
  *
+ *	  A script stops at the first command that fails, and Redis keeps what
+ *	  it wrote before.  So every script makes its checks (is the key free,
+ *	  ours, of the layout's type) before its first write, or with it (the
+ *	  simple acquire's SET NX), reading a key of another type with TYPE or
+ *	  pcall so that it is answered, not raised; only the fair lock's scripts
+ *	  first drop queue heads whose time has passed, which any client may
+ *	  do.  What can still fail comes after a write: the INCR of a corrupted
+ *	  fence counter after the grant's SET, a PUBLISH the ACL denies after
+ *	  the release's DEL.  replies.c (rl_reply_proves_not_run) therefore
+ *	  takes an error raised while a script ran for one that may have
+ *	  written, and a refusal of EVALSHA itself (NOPERM, NOSCRIPT, ...) for
+ *	  nothing done.
+ *
  *	  Must not: decode replies (replies.c), keep state about held locks or
  *	  waits, or decide anything from the answers of several nodes (lockop.c
  *	  does).

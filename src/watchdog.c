@@ -101,6 +101,8 @@ typedef struct Job
 	bool		late_grant;		/* release: a grant may still land */
 	bool		retry;			/* its last attempt failed */
 	bool		failing;		/* its target's last attempts failed */
+	bool		gave_up;		/* release: dropped, refused to the end */
+	int			name_off;		/* the lock's name in key */
 	char	   *key;
 	char	   *owner;
 } Job;
@@ -201,7 +203,8 @@ typedef struct SlotRetry
 	uint32		generation;		/* of the slot when it failed */
 	int			failures;
 	int			answered;		/* late-grant watch: definite answers in a
-								 * row */
+								 * row (a refusal for good counts) */
+	int			refusals;		/* release: refused for good, in a row */
 	long		backoff_ms;
 	TimestampTz retry_at;		/* not before this (failures, or watching) */
 } SlotRetry;
@@ -222,6 +225,17 @@ typedef struct SlotRetry
  */
 #define DOUBT_RETRY_MAX_MS	100
 #define DOUBT_GIVE_UP_MS	(10 * 60 * 1000)
+
+/*
+ * A release Redis refuses in a way that would come again (an ACL that
+ * denies the script or the key, a command the server does not know:
+ * rl_reply_is_permanent) cannot delete the lock: only its lease ends it.
+ * Redis answers, so its target is not failing; the release is asked again
+ * (an administrator may mend the ACL) after a back-off doubled from
+ * RETRY_FIRST_MS up to this, never past its horizon, and dropped there,
+ * with one LOG line.
+ */
+#define REFUSED_RETRY_MAX_MS	10000
 
 /*
  * The prompt lane waits at most this long for a connection (name resolution
@@ -300,18 +314,44 @@ note_outcome(Job *j, bool failed, TimestampTz now)
 		r->backoff_ms = Min(r->backoff_ms, DOUBT_RETRY_MAX_MS);
 	r->failures++;
 	r->answered = 0;
+	r->refusals = 0;
 	r->retry_at = TimestampTzPlusMilliseconds(now, r->backoff_ms);
 }
 
 /*
- * A release job's op got answer f (1 released, 0 not ours, -1 unknown): is
- * the slot done with?  A release that found nothing of ours, or deleted it,
- * is, unless a late grant may still land: then only deleting it on the one
- * Redis it can land on, or a horizon passed with two answers in a row, or
- * DOUBT_GIVE_UP_MS past it.
+ * A release job's op was refused for good by every node that failed (see
+ * REFUSED_RETRY_MAX_MS): back off, up to the horizon; Redis answered.
+ */
+static void
+note_refused(Job *j, TimestampTz now)
+{
+	SlotRetry  *r = slot_retry(j);
+	TimestampTz at;
+
+	if (r->refusals == 0)
+		r->backoff_ms = RETRY_FIRST_MS;
+	else
+		r->backoff_ms = Min(r->backoff_ms * 2, REFUSED_RETRY_MAX_MS);
+	r->refusals++;
+	r->failures++;
+	r->answered++;
+	at = TimestampTzPlusMilliseconds(now, r->backoff_ms);
+	/* once more just past the horizon, where release_done drops it */
+	if (j->horizon >= now && at > j->horizon)
+		at = TimestampTzPlusMilliseconds(j->horizon, 1);
+	r->retry_at = at;
+}
+
+/*
+ * A release job's op got answer f (1 released, 0 not ours, -1 unknown;
+ * refused: -1 from refusals for good only, counted by note_refused): is
+ * the slot done with?  A release that found nothing of ours, or deleted
+ * it, is, unless a late grant may still land: then only deleting it on the
+ * one Redis it can land on, or a horizon passed with two answers in a row
+ * (a refusal is an answer), or DOUBT_GIVE_UP_MS past it.
  */
 static bool
-release_done(Job *j, RLLockOp *op, int f, TimestampTz now)
+release_done(Job *j, RLLockOp *op, int f, bool refused, TimestampTz now)
 {
 	SlotRetry  *r;
 
@@ -324,6 +364,8 @@ release_done(Job *j, RLLockOp *op, int f, TimestampTz now)
 		r->answered++;
 	if (now > j->horizon && r->answered >= 2)
 		return true;
+	if (refused)
+		return false;
 	return now > TimestampTzPlusMilliseconds(j->horizon, DOUBT_GIVE_UP_MS);
 }
 
@@ -593,20 +635,45 @@ apply_renewal(Job *j, RLSlot *s, RLLockOp *op, int f, TimestampTz sent,
 	}
 }
 
-/* Apply a release's outcome f.  Caller holds the registry's lock. */
+/*
+ * Apply a release's outcome f (refused: see release_done).  Caller holds
+ * the registry's lock.
+ */
 static void
-apply_release(Job *j, RLLockOp *op, int f, TimestampTz now, PassStats *ps)
+apply_release(Job *j, RLLockOp *op, int f, bool refused, TimestampTz now,
+			  PassStats *ps)
 {
-	if (release_done(j, op, f, now))
+	if (release_done(j, op, f, refused, now))
 	{
 		/* released, or surely expired: the slot is free again */
 		if (f == 1)
 			rl_stats_add(RL_STAT_RELEASED, 1);
 		ps->released++;
 		rl_slot_free(j->slot);
+		j->gave_up = refused;
 	}
 	else if (f >= 0)
 		watch_again(j, now);
+}
+
+/*
+ * The one line for a release refused for good until its lock's lease had
+ * surely run out (REFUSED_RETRY_MAX_MS), naming the lock, the server and
+ * the refusal.
+ */
+static void
+report_gave_up(Job *j, RLLockOp *op)
+{
+	RLCall	   *c = op->failure;
+
+	Assert(c != NULL && c->conn != NULL && c->reply != NULL);
+	ereport(LOG,
+			(errcode(rl_error_reply_sqlstate(c->reply)),
+			 errmsg("redis_lock watchdog gave up releasing Redis lock \"%s\" at %s: Redis refused it %d time(s) until its lease had run out",
+					j->key + j->name_off, rl_conn_label(c->conn),
+					retries[j->slot].refusals),
+			 errdetail_internal("%s", rl_call_problem(c)),
+			 errhint("Check the permissions of the Redis user redis_lock connects as.")));
 }
 
 /*
@@ -620,8 +687,21 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 {
 	TimestampTz now = GetCurrentTimestamp();
 	int			nfailed = 0;
+	bool	   *refused = palloc(sizeof(bool) * n);
 	int			k;
 
+	/*
+	 * A release every failing node refused for good (REFUSED_RETRY_MAX_MS)
+	 * is no failure of the target's: it answered.
+	 */
+	for (k = 0; k < n; k++)
+	{
+		RLLockOp   *op = &ops[k];
+
+		refused[k] = jobs[k].kind == JOB_RELEASE && !RL_OP_YES(op) &&
+			!RL_OP_NO(op) && op->failed > 0 && op->refused == op->failed;
+		jobs[k].gave_up = false;
+	}
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	for (k = 0; k < n; k++)
 	{
@@ -637,7 +717,7 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 		 */
 		if (s->in_flight == 1 + my_lane)
 			s->in_flight = 0;
-		if (f < 0)
+		if (f < 0 && !refused[k])
 		{
 			if (nfailed++ == 0 && *problem == NULL)
 			{
@@ -649,14 +729,21 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 		}
 		if (s->generation != j->generation || s->state == SLOT_FREE)
 			continue;
-		if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
+		if (refused[k])
+			note_refused(j, now);
+		else if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
 			note_outcome(j, f < 0, now);
 		if (j->kind == JOB_RENEW)
 			apply_renewal(j, s, op, f, sent, ps);
 		else
-			apply_release(j, op, f, now, ps);
+			apply_release(j, op, f, refused[k], now, ps);
 	}
 	LWLockRelease(rl_shared->lock);
+	/* (not while the registry is locked) */
+	for (k = 0; k < n; k++)
+		if (jobs[k].gave_up)
+			report_gave_up(&jobs[k], &ops[k]);
+	pfree(refused);
 	return nfailed;
 }
 
@@ -935,6 +1022,7 @@ add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
 									s->st.lease_ms + 2 * rl_command_timeout_ms +
 									rl_connect_timeout_ms);
 	j->late_grant = s->late_grant;
+	j->name_off = s->name_off;
 	j->retry = has_failed(i, s->generation);
 	j->failing = rl_shared->targets[s->target].failing;
 }

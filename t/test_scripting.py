@@ -371,6 +371,29 @@ def test_wrong_type_is_refused_untouched(vk):
     assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
 
 
+def test_a_transaction_that_failed_after_its_set_is_cleaned_up(vk):
+    """Redis runs every command of a MULTI ... EXEC and keeps what ran
+    before one that failed: a corrupted fence counter fails the acquire's
+    INCR after its SET took the lock.  That grant is a doubt, never counted
+    as held, and the worker deletes it at once -- as a script that failed
+    after its SET (test_faults.py::test_script_error_after_a_write_is_cleaned_up);
+    not left for its 60 s lease."""
+    c, session = vk
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('tx-fail') > 0")
+    assert a.run("SELECT redis_lock_release('tx-fail')") is True
+    fence_key, = c.keys("redis_lock:fence:*")
+    c.set(fence_key, "not-a-number")
+    with pytest.raises(psycopg2.Error):
+        a.run("SELECT redis_lock_acquire('tx-fail', ttl => '60s')")
+    assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+    testbed.wait_until(lambda: c.exists("tx-fail") == 0, 1.0 * S,
+                       what="the worker to delete the grant of the failed transaction")
+    c.delete(fence_key)
+    assert a.run("SELECT redis_lock_acquire('tx-fail', ttl => '60s') > 0")
+    assert a.run("SELECT redis_lock_release('tx-fail')") is True
+
+
 def test_transaction_scoped_locks_go_at_commit_and_rollback(vk):
     c, session = vk
     a = session()
@@ -513,6 +536,132 @@ def test_the_worker_keeps_the_form_a_lock_was_taken_with(valkey, vk):
     finally:
         a.close()
         pg.cleanup()
+
+
+# ---------------------------------------------------------------- refusals (issue 33, item 6)
+
+def refused_scripts(r):
+    """How many script commands r has refused so far (INFO commandstats'
+    rejected_calls: an ACL's NOPERM counts there, before anything ran)."""
+    stats = r.client().info("commandstats")
+    return sum(stats.get("cmdstat_" + cmd, {}).get("rejected_calls", 0)
+               for cmd in ("evalsha", "eval", "evalsha_ro", "eval_ro"))
+
+
+REFUSED_USER = "rl_refused"
+
+
+def deny_scripts_nopass(r):
+    """A user of its own, without a password (so that a server without
+    preloading needs none in its configuration), refused every script."""
+    r.client().execute_command("ACL", "SETUSER", REFUSED_USER, "reset", "on", "nopass",
+                               "~*", "&*", "+@all", "-@scripting")
+
+
+def scripted_pg(r, preload=True, **conf):
+    """A server with scripting on (its default) whose Redis user is
+    REFUSED_USER."""
+    conf.setdefault("redis_lock.url", "redis://%s@127.0.0.1:%d/0" % (REFUSED_USER, r.port))
+    return testbed.Postgres(preload=preload, conf=conf).init().start().with_extension()
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["preloaded", "not-preloaded"])
+def test_a_refused_acquire_leaves_nothing_to_settle(valkey, preload):
+    """Scripting on against a server whose ACL denies scripts: the
+    acquire's EVALSHA is refused with NOPERM before anything ran, so the
+    acquire fails with 42501 and nothing is left to settle -- no doubt for
+    the worker (which would send its release again and again) nor for the
+    session's next calls (without preloading): the server refuses nothing
+    more, for seconds."""
+    c = valkey.client()
+    c.flushall()
+    deny_scripts_nopass(valkey)
+    c.config_resetstat()
+    pg = scripted_pg(valkey, preload=preload)
+    a = Session(pg)
+    try:
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0    # loads it
+        assert a.run("SHOW redis_lock.scripting") == "on"
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege) as ei:
+            a.run("SELECT redis_lock_acquire('refused', ttl => '5s')")
+        assert "NOPERM" in str(ei.value)
+        assert c.keys("*") == []
+        refused = refused_scripts(valkey)
+        assert refused >= 1
+        # the worker retries a doubt at most 100 ms apart; the session
+        # settles its own at each call
+        t_end = time.monotonic() + 3.0 * S
+        while time.monotonic() < t_end:
+            assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+            assert refused_scripts(valkey) == refused, "a refused acquire was settled as a doubt"
+            time.sleep(0.2)
+        assert a.run("SELECT count(*) FROM redis_lock_locks") == 0
+        assert "could not renew or release" not in pg.log_text()
+        # a try_acquire and a set are refused the same way, and leave
+        # nothing either
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            a.run("SELECT redis_lock_try_acquire('refused2')")
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            a.run("SELECT redis_lock_acquire_many(ARRAY['m1', 'm2'], ttl => '5s')")
+        refused = refused_scripts(valkey)
+        time.sleep(1.0 * S)
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+        assert refused_scripts(valkey) == refused
+    finally:
+        a.close()
+        pg.cleanup()
+        c.execute_command("ACL", "LOG", "RESET")
+
+
+def test_a_release_refused_for_good_backs_off_and_ends_with_one_log_line(valkey):
+    """A session takes a lock with scripts allowed; then the ACL denies
+    scripts and the session exits.  Its release at exit is refused (NOPERM),
+    and so is every release of the worker's after it: the lock cannot be
+    deleted, only run out.  The worker backs off instead of asking ten
+    times a second, drops the release once the lease has surely run out (the
+    lease, plus twice command_timeout and connect_timeout), and says so in
+    one LOG line naming the lock, the server and the refusal -- not a line
+    every 10 s."""
+    c = valkey.client()
+    c.flushall()
+    deny_scripts_nopass(valkey)
+    c.execute_command("ACL", "SETUSER", REFUSED_USER, "+@scripting")
+    pg = scripted_pg(valkey, **{"redis_lock.command_timeout": "500ms",
+                                "redis_lock.connect_timeout": "500ms"})
+    a = Session(pg)
+    try:
+        assert a.run("SELECT redis_lock_acquire('kept', ttl => '2s') > 0")
+        assert c.get("kept").startswith(MARKER)
+        c.execute_command("ACL", "SETUSER", REFUSED_USER, "-@scripting")
+        c.config_resetstat()
+        since = len(pg.log_text())
+        a.conn.close()
+        exited = time.monotonic()
+
+        def gave_up():
+            return 'Redis lock "kept"' in pg.log_text()[since:]
+        testbed.wait_until(gave_up, 15 * S, what="the worker's line about the refused release")
+        took = time.monotonic() - exited
+        # the lease ran out; the line came at the horizon (3.5 s), not 10
+        # minutes later
+        assert c.exists("kept") == 0
+        assert 2.0 <= took < 3.5 + 2.0 * S, took
+        refused = refused_scripts(valkey)
+        time.sleep(1.5)
+        assert refused_scripts(valkey) == refused, "the worker went on after its last line"
+        # backed off: 10 a second until the horizon would be about 35
+        assert 2 <= refused <= 12, refused
+        log = pg.log_text()[since:].splitlines()
+        lines = [i for i, l in enumerate(log) if 'Redis lock "kept"' in l]
+        assert len(lines) == 1, log
+        line, detail = log[lines[0]], log[lines[0] + 1]
+        assert "127.0.0.1:%d" % valkey.port in line
+        assert "DETAIL" in detail and "NOPERM" in detail, detail
+        assert "could not renew or release" not in "\n".join(log)
+    finally:
+        a.close()
+        pg.cleanup()
+        c.execute_command("ACL", "LOG", "RESET")
 
 
 # ---------------------------------------------------------------- topologies
