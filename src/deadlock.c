@@ -13,9 +13,12 @@
  *
  *	  A waiting backend publishes which Redis locks it waits for, in a
  *	  record of its own in shared memory, from its first check on: a wait
- *	  shorter than deadlock_timeout touches no shared memory.  Who holds a
- *	  lock comes from the watchdog registry.  Holders outside this server
- *	  (other servers, services) are not known here and never close a cycle.
+ *	  shorter than deadlock_timeout touches no shared memory.  A wait for
+ *	  more keys than the record has room for (a multi-key acquire) puts all
+ *	  of them in a dynamic shared memory segment of its own, which other
+ *	  checks read: a cycle through any of them is found.  Who holds a lock
+ *	  comes from the watchdog registry.  Holders outside this server (other
+ *	  servers, services) are not known here and never close a cycle.
  *	  A cycle is confirmed before anyone is failed for it (see
  *	  confirm_cycle), and at most one member of a cycle fails: the first to
  *	  confirm it.  Exists only with shared_preload_libraries = 'redis_lock'.
@@ -23,7 +26,7 @@
  *	  Must not: talk to Redis, hold an LWLock across an ERROR of its own,
  *	  raise where interrupts are held, or leave a wait published after the
  *	  wait (its end, transaction abort, subtransaction abort and backend exit
- *	  each withdraw it).
+ *	  each withdraw it, and its segment with it).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -41,6 +44,7 @@
 #include "miscadmin.h"
 #include "postmaster/autovacuum.h"
 #include "replication/walsender.h"
+#include "storage/dsm.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
@@ -66,15 +70,42 @@
 #define RL_HAVE_WAIT_START
 #endif
 
+#ifndef DSM_HANDLE_INVALID
+#define DSM_HANDLE_INVALID ((dsm_handle) 0)
+#endif
+
+/* One lock waited for, as published */
+typedef struct RLWaitId
+{
+	uint64		id;				/* rl_registry_key_id() */
+	RLProtocol	protocol;		/* the hold waited for (RLWaitKey) */
+} RLWaitId;
+
 /* What one backend waits for, while it waits and has been checked once */
 typedef struct RLWaitRecord
 {
 	int			pid;			/* 0: nobody waits here */
-	int			nkeys;
+	int			nkeys;			/* every key waited for */
 	uint64		seq;			/* this publication; never reused */
-	uint64		ids[RL_DEADLOCK_MAX_KEYS];	/* rl_registry_key_id() */
-	RLProtocol	protocols[RL_DEADLOCK_MAX_KEYS];
+	dsm_handle	more;			/* nkeys > RL_DEADLOCK_INLINE_KEYS: the
+								 * segment holding all of them (a
+								 * RLWaitSegment); DSM_HANDLE_INVALID when
+								 * none could be made: keys[] only */
+	RLWaitId	keys[RL_DEADLOCK_INLINE_KEYS];	/* the first ones */
 } RLWaitRecord;
+
+/*
+ * Every key of a wait too long for its record: written before the record
+ * names it, never changed after; its own pid and seq let a reader see that
+ * it is that publication's (a handle may name a newer segment).
+ */
+typedef struct RLWaitSegment
+{
+	int			pid;
+	int			nkeys;
+	uint64		seq;
+	RLWaitId	keys[FLEXIBLE_ARRAY_MEMBER];
+} RLWaitSegment;
 
 /*
  * One record per process that can run SQL, indexed by its PGPROC number,
@@ -107,6 +138,9 @@ static bool published = false;	/* my_record holds this wait */
 static RLWaitRecord *my_record = NULL;
 static RLWaitRecord mine;		/* what this wait published (also without a
 								 * record of its own) */
+static RLWaitId *mine_keys = NULL;	/* every key of it (TopMemoryContext) */
+static int	mine_keys_cap = 0;
+static dsm_segment *mine_segment = NULL;	/* mine.more, attached */
 static bool callbacks_set = false;
 
 /*
@@ -241,6 +275,33 @@ redis_lock_deadlock_before_shmem_exit(int code, Datum arg)
 }
 
 /*
+ * A segment holding every key of this wait, not yet named by any record
+ * (its seq is set when it is), or NULL when no more segments can be made
+ * (max_connections decides how many): the record alone then tells the
+ * others' checks of its first keys.  Kept for the session, not a resource
+ * owner: withdraw() detaches it, which destroys it.
+ */
+static dsm_segment *
+make_segment(void)
+{
+	dsm_segment *seg;
+	RLWaitSegment *w;
+
+	seg = dsm_create(add_size(offsetof(RLWaitSegment, keys),
+							  mul_size(mine.nkeys, sizeof(RLWaitId))),
+					 DSM_CREATE_NULL_IF_MAXSEGMENTS);
+	if (seg == NULL)
+		return NULL;
+	dsm_pin_mapping(seg);
+	w = dsm_segment_address(seg);
+	w->pid = MyProcPid;
+	w->nkeys = mine.nkeys;
+	w->seq = 0;
+	memcpy(w->keys, mine_keys, sizeof(RLWaitId) * mine.nkeys);
+	return seg;
+}
+
+/*
  * Publish what this wait waits for (again, with a new seq, when its keys
  * changed).  The callbacks that withdraw it come first, so that no error
  * can leave it published.
@@ -248,6 +309,8 @@ redis_lock_deadlock_before_shmem_exit(int code, Datum arg)
 static void
 publish(void)
 {
+	dsm_segment *seg = NULL;
+	dsm_segment *old_seg;
 	int			i;
 
 	if (!callbacks_set)
@@ -257,26 +320,47 @@ publish(void)
 		before_shmem_exit(redis_lock_deadlock_before_shmem_exit, (Datum) 0);
 		callbacks_set = true;
 	}
+	if (wait_nkeys > mine_keys_cap)
+	{
+		int			cap = Max(wait_nkeys, 2 * mine_keys_cap);
+
+		mine_keys = mine_keys == NULL ?
+			MemoryContextAlloc(TopMemoryContext, sizeof(RLWaitId) * cap) :
+			repalloc(mine_keys, sizeof(RLWaitId) * cap);
+		mine_keys_cap = cap;
+	}
 	mine.pid = MyProcPid;
-	mine.nkeys = Min(wait_nkeys, RL_DEADLOCK_MAX_KEYS);
+	mine.nkeys = wait_nkeys;
 	for (i = 0; i < mine.nkeys; i++)
 	{
-		mine.ids[i] = rl_registry_key_id(wait_keys[i].target_spec,
-										 wait_keys[i].key);
-		mine.protocols[i] = wait_keys[i].protocol;
+		mine_keys[i].id = rl_registry_key_id(wait_keys[i].target_spec,
+											 wait_keys[i].key);
+		mine_keys[i].protocol = wait_keys[i].protocol;
 	}
+	memcpy(mine.keys, mine_keys,
+		   sizeof(RLWaitId) * Min(mine.nkeys, RL_DEADLOCK_INLINE_KEYS));
 	my_record = record_of_mine();
+	if (my_record != NULL && mine.nkeys > RL_DEADLOCK_INLINE_KEYS)
+		seg = make_segment();
+	mine.more = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
 	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
 	mine.seq = dl->next_seq++;
+	if (seg != NULL)
+		((RLWaitSegment *) dsm_segment_address(seg))->seq = mine.seq;
 	if (my_record != NULL)
 		*my_record = mine;
 	LWLockRelease(dl->records_lock);
 	published = true;
+	/* the last publication's segment, which no record names any more */
+	old_seg = mine_segment;
+	mine_segment = seg;
+	if (old_seg != NULL)
+		dsm_detach(old_seg);
 }
 
-/* Withdraw this backend's record; never raises */
+/* Withdraw this backend's record, leaving its segment; never raises */
 static void
-withdraw(void)
+withdraw_record(void)
 {
 	if (!published)
 		return;
@@ -286,7 +370,21 @@ withdraw(void)
 	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
 	my_record->pid = 0;
 	my_record->nkeys = 0;
+	my_record->more = DSM_HANDLE_INVALID;
 	LWLockRelease(dl->records_lock);
+}
+
+/* Withdraw this backend's record and its segment; never raises */
+static void
+withdraw(void)
+{
+	dsm_segment *seg = mine_segment;
+
+	withdraw_record();
+	mine_segment = NULL;
+	/* a check reading it meanwhile keeps it until it detaches */
+	if (seg != NULL)
+		dsm_detach(seg);
 }
 
 /*
@@ -376,6 +474,9 @@ typedef struct Waiter
 {
 	RLWaitRecord r;
 	int			record;			/* its index in the records */
+	const RLWaitId *keys;		/* every key it waits for (r.keys, or a copy
+								 * of its segment's) */
+	int			nkeys;
 } Waiter;
 
 typedef struct Check
@@ -554,11 +655,52 @@ snapshot_waiters(Check *c, uint64 print)
 	{
 		print = hash_combine64(print, hash_combine64((uint64) w[i].r.pid, w[i].r.seq));
 		c->waiting[c->nwaiting++] = w[i].r.pid;
+		w[i].keys = w[i].r.keys;
+		w[i].nkeys = Min(w[i].r.nkeys, RL_DEADLOCK_INLINE_KEYS);
 	}
 	c->nwaiting = sort_unique_pids(c->waiting, c->nwaiting);
 	c->waiters = w;
 	c->nwaiters = n;
 	return print;
+}
+
+/*
+ * Every key of the waiters whose records have no room for all of theirs,
+ * from their segments.  A segment gone meanwhile (its wait ended: its seq
+ * will not match at the confirmation), or one that is not this
+ * publication's, leaves the record's keys alone.
+ */
+static void
+read_segments(Check *c)
+{
+	int			i;
+
+	for (i = 0; i < c->nwaiters; i++)
+	{
+		Waiter	   *w = &c->waiters[i];
+		dsm_segment *seg;
+		RLWaitSegment *s;
+		Size		need;
+
+		if (w->r.nkeys <= RL_DEADLOCK_INLINE_KEYS || w->r.more == DSM_HANDLE_INVALID ||
+			(mine_segment != NULL && w->r.more == dsm_segment_handle(mine_segment)))
+			continue;
+		seg = dsm_attach(w->r.more);
+		if (seg == NULL)
+			continue;
+		s = dsm_segment_address(seg);
+		need = offsetof(RLWaitSegment, keys) + sizeof(RLWaitId) * (Size) w->r.nkeys;
+		if (dsm_segment_map_length(seg) >= need && s->pid == w->r.pid &&
+			s->seq == w->r.seq && s->nkeys == w->r.nkeys)
+		{
+			RLWaitId   *keys = palloc(sizeof(RLWaitId) * w->r.nkeys);
+
+			memcpy(keys, s->keys, sizeof(RLWaitId) * w->r.nkeys);
+			w->keys = keys;
+			w->nkeys = w->r.nkeys;
+		}
+		dsm_detach(seg);
+	}
 }
 
 static Waiter *
@@ -608,13 +750,13 @@ sort_unique(uint64 *ids, int n)
 
 /* The edges of a wait for Redis locks: the conflicting holds of its keys */
 static void
-redis_edges(Check *c, Step *node, const RLWaitRecord *w)
+redis_edges(Check *c, Step *node, const RLWaitId *keys, int nkeys)
 {
 	int			cap = 4;
 	int			k;
 
 	node->edges = palloc(sizeof(Edge) * cap);
-	for (k = 0; k < w->nkeys; k++)
+	for (k = 0; k < nkeys; k++)
 	{
 		int			lo = 0;
 		int			hi = c->nholds;
@@ -624,16 +766,16 @@ redis_edges(Check *c, Step *node, const RLWaitRecord *w)
 		{
 			int			mid = lo + (hi - lo) / 2;
 
-			if (c->holds[mid].key_id < w->ids[k])
+			if (c->holds[mid].key_id < keys[k].id)
 				lo = mid + 1;
 			else
 				hi = mid;
 		}
-		for (; lo < c->nholds && c->holds[lo].key_id == w->ids[k]; lo++)
+		for (; lo < c->nholds && c->holds[lo].key_id == keys[k].id; lo++)
 		{
 			RLRegistryHold *h = &c->holds[lo];
 
-			if (h->pid == node->pid || !modes_conflict(w->protocols[k], h->protocol))
+			if (h->pid == node->pid || !modes_conflict(keys[k].protocol, h->protocol))
 				continue;
 			if (node->nedges == cap)
 			{
@@ -643,7 +785,7 @@ redis_edges(Check *c, Step *node, const RLWaitRecord *w)
 			node->edges[node->nedges].pid = h->pid;
 			node->edges[node->nedges].key_id = h->key_id;
 			node->edges[node->nedges].name = h->name;
-			node->edges[node->nedges].protocol = w->protocols[k];
+			node->edges[node->nedges].protocol = keys[k].protocol;
 			node->nedges++;
 		}
 	}
@@ -670,14 +812,14 @@ push(Check *c, int pid)
 		node->redis = true;
 		node->record = -1;
 		node->seq = mine.seq;
-		redis_edges(c, node, &mine);
+		redis_edges(c, node, mine_keys, mine.nkeys);
 	}
 	else if ((w = find_waiter(c, pid)) != NULL)
 	{
 		node->redis = true;
 		node->record = w->record;
 		node->seq = w->r.seq;
-		redis_edges(c, node, &w->r);
+		redis_edges(c, node, w->keys, w->nkeys);
 	}
 	else
 	{
@@ -921,8 +1063,9 @@ report_deadlock(Check *c)
  * One check: is this backend, waiting for its keys, on a cycle of waits?
  * Raises 40P01 when it is (and it confirmed the cycle first).  Its cost:
  * a look at every PGPROC and record; only when a wait began since the
- * last check (PostgreSQL 14+; on 13, always) one pass over the registry
- * and a pg_blocking_pids() call per process the search reaches.
+ * last check (PostgreSQL 14+; on 13, always) one pass over the registry, a
+ * read of the segment of each waiter for more keys than its record has
+ * room for, and a pg_blocking_pids() call per process the search reaches.
  */
 static void
 run_check(void)
@@ -960,13 +1103,19 @@ run_check(void)
 		goto quiet;
 	}
 
-	/* the holds of every lock a published wait waits for, in one pass */
-	ids = palloc(sizeof(uint64) * (mine.nkeys + (Size) c.nwaiters * RL_DEADLOCK_MAX_KEYS + 1));
-	for (k = 0; k < mine.nkeys; k++)
-		ids[nids++] = mine.ids[k];
+	read_segments(&c);
+
+	/* the holds of every lock a wait waits for, in one pass */
+	nids = mine.nkeys;
 	for (i = 0; i < c.nwaiters; i++)
-		for (k = 0; k < c.waiters[i].r.nkeys; k++)
-			ids[nids++] = c.waiters[i].r.ids[k];
+		nids += c.waiters[i].nkeys;
+	ids = palloc(sizeof(uint64) * (nids + 1));
+	nids = 0;
+	for (k = 0; k < mine.nkeys; k++)
+		ids[nids++] = mine_keys[k].id;
+	for (i = 0; i < c.nwaiters; i++)
+		for (k = 0; k < c.waiters[i].nkeys; k++)
+			ids[nids++] = c.waiters[i].keys[k].id;
 	nids = sort_unique(ids, nids);
 	c.holds = holds_of(ids, nids, c.waiting, c.nwaiting, &c.nholds);
 

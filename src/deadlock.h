@@ -17,11 +17,11 @@
 #include "waitqueue.h"
 
 /*
- * Most keys one wait publishes.  A waiter for more (a multi-key acquire)
- * publishes its first RL_DEADLOCK_MAX_KEYS: a cycle through the others is
- * not seen (never a false one).
+ * Keys a published wait keeps in its record in shared memory; a wait for
+ * more (a multi-key acquire) puts all of them in a dynamic shared memory
+ * segment of its own, which the other waiters' checks read.
  */
-#define RL_DEADLOCK_MAX_KEYS	16
+#define RL_DEADLOCK_INLINE_KEYS	16
 
 /* One Redis lock a backend waits for */
 typedef struct RLWaitKey

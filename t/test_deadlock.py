@@ -726,3 +726,73 @@ def test_acquire_many_waiter_closes_a_cycle(sessions, rc, table):
     a.join(10)
     assert a.error is None, a.error
     a.run("COMMIT")
+
+
+# ----------------------------------------------------------------------
+# Issue 33, item 8: a cycle through any key of an acquire_many wait, not
+# only its first 16.
+# ----------------------------------------------------------------------
+
+MANY20 = ["dl:m%02d" % i for i in range(1, 21)]
+
+
+@pytest.mark.parametrize("nth", [16, 17, 20])
+def test_acquire_many_cycle_through_a_late_key(sessions, rc, table, nth):
+    """A holds the nth key of B's 20-key set and waits for B's row: B finds
+    the cycle (it was never found through the 17th key or later)."""
+    a, b, admin = sessions(), sessions(), sessions()
+    b.run(DEADLOCK_TIMEOUT)
+    key = MANY20[nth - 1]
+    a.run("BEGIN")
+    assert a.run("SELECT redis_lock_acquire(%s, xact => true) > 0", (key,))
+    b.run("BEGIN")
+    b.run(update(14))
+    b_xid = xid(b)
+    a.start(update(14))
+    wait_for_lock_wait(admin, a.pid)
+    start(b, "SELECT redis_lock_acquire_many(%s, wait => '10s')", (MANY20,))
+    assert_deadlock(b, [
+        'Process %d waits for Redis lock "%s"; blocked by process %d.' % (b.pid, key, a.pid),
+        "Process %d waits for ShareLock on transaction %d; blocked by process %d."
+        % (a.pid, b_xid, b.pid)], within=2)
+    assert rc.exists(*MANY20) == 1, "B holds none of its set"
+    b.run("ROLLBACK")
+    a.join(10)
+    assert a.error is None, a.error
+    a.run("COMMIT")
+
+
+def test_two_acquire_many_waiters_through_late_keys_one_victim(sessions, rc):
+    """A holds the 18th key of B's set and waits for its own 20-key set,
+    whose 17th key B holds; B waits for its set.  Each sees the other's
+    wait beyond its first 16 keys: exactly one fails, the other gets its
+    set once the victim's transaction-scoped lock goes."""
+    a, b = sessions(), sessions()
+    set_a = ["dl:a%02d" % i for i in range(1, 21)]
+    set_b = ["dl:b%02d" % i for i in range(1, 21)]
+    set_a[16] = "dl:held-by-b"
+    set_b[17] = "dl:held-by-a"
+    for s, mine in ((a, "dl:held-by-a"), (b, "dl:held-by-b")):
+        s.run(DEADLOCK_TIMEOUT)
+        s.run("BEGIN")
+        assert s.run("SELECT redis_lock_acquire(%s, xact => true) > 0", (mine,))
+    start(a, "SELECT redis_lock_acquire_many(%s, wait => '10s', xact => true)", (set_a,))
+    start(b, "SELECT redis_lock_acquire_many(%s, wait => '10s', xact => true)", (set_b,))
+    a.join(15)
+    b.join(15)
+    victims = [s for s in (a, b) if s.error is not None]
+    assert len(victims) == 1, "errors: %r, %r" % (a.error, b.error)
+    victim = victims[0]
+    other = b if victim is a else a
+    assert victim.error.pgcode == "40P01", victim.error
+    lines = {a.pid: 'Process %d waits for Redis lock "dl:held-by-b"; blocked by process %d.'
+             % (a.pid, b.pid),
+             b.pid: 'Process %d waits for Redis lock "dl:held-by-a"; blocked by process %d.'
+             % (b.pid, a.pid)}
+    assert victim.error.diag.message_detail == "\n".join(
+        [lines[victim.pid], lines[other.pid]])
+    assert victim.finished_at - victim.started_at < 2 * S
+    assert other.error is None and other.result is not None, other.error
+    victim.run("ROLLBACK")
+    other.run("COMMIT")
+    assert rc.exists(*(set_a + set_b)) == 0
