@@ -784,7 +784,7 @@ redis_edges(Check *c, Step *node, const RLWaitId *keys, int nkeys)
 			}
 			node->edges[node->nedges].pid = h->pid;
 			node->edges[node->nedges].key_id = h->key_id;
-			node->edges[node->nedges].name = h->name;
+			node->edges[node->nedges].name = h->key + h->name_off;
 			node->edges[node->nedges].protocol = keys[k].protocol;
 			node->nedges++;
 		}
