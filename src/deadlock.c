@@ -19,14 +19,21 @@
  *	  checks read: a cycle through any of them is found.  Who holds a lock
  *	  comes from the watchdog registry.  Holders outside this server (other
  *	  servers, services) are not known here and never close a cycle.
- *	  A cycle is confirmed before anyone is failed for it (see
- *	  confirm_cycle), and at most one member of a cycle fails: the first to
- *	  confirm it.  Exists only with shared_preload_libraries = 'redis_lock'.
+ *
+ *	  The registry learns that a hold is gone from Redis (an administrator's
+ *	  force release, a restart, a failover) only at the worker's next
+ *	  renewal, so a cycle the registry shows is confirmed before anyone is
+ *	  failed for it: each of its holds in Redis, by the caller, in one round
+ *	  trip (rl_deadlock_check_due hands them over, rl_deadlock_confirm
+ *	  decides), then every edge again here (see confirm_cycle).  At most one
+ *	  member of a cycle fails: the first to confirm it.  Exists only with
+ *	  shared_preload_libraries = 'redis_lock'.
  *
  *	  Must not: talk to Redis, hold an LWLock across an ERROR of its own,
- *	  raise where interrupts are held, or leave a wait published after the
- *	  wait (its end, transaction abort, subtransaction abort and backend exit
- *	  each withdraw it, and its segment with it).
+ *	  raise where interrupts are held, report a cycle whose holds Redis did
+ *	  not confirm, or leave a wait published after the wait (its end,
+ *	  transaction abort, subtransaction abort and backend exit each withdraw
+ *	  it, and its segment with it).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -142,6 +149,18 @@ static RLWaitId *mine_keys = NULL;	/* every key of it (TopMemoryContext) */
 static int	mine_keys_cap = 0;
 static dsm_segment *mine_segment = NULL;	/* mine.more, attached */
 static bool callbacks_set = false;
+
+/*
+ * A cycle the last check found, until Redis has been asked about its holds
+ * and rl_deadlock_confirm decided (or the wait ended): its context hangs
+ * off TopMemoryContext, so that an error in the caller's round trip leaves
+ * it to the next check or the wait's end to free.
+ */
+typedef struct Check Check;
+static MemoryContext pending_cxt = NULL;
+static Check *pending = NULL;
+static RLDeadlockHold *pending_holds = NULL;
+static int	pending_nholds = 0;
 
 /*
  * A check that found no cycle leaves the fingerprint of every wait it saw
@@ -387,6 +406,23 @@ withdraw(void)
 		dsm_detach(seg);
 }
 
+/* Forget the cycle the last check found, if any; never raises */
+static void
+drop_pending(void)
+{
+	MemoryContext cxt = pending_cxt;
+
+	pending = NULL;
+	pending_holds = NULL;
+	pending_nholds = 0;
+	pending_cxt = NULL;
+	if (cxt == NULL)
+		return;
+	if (CurrentMemoryContext == cxt)
+		MemoryContextSwitchTo(TopMemoryContext);
+	MemoryContextDelete(cxt);
+}
+
 /*
  * This backend starts waiting for keys (nkeys of them; the caller keeps
  * them valid while it waits).  Only local state: nothing is published, and
@@ -437,6 +473,7 @@ void
 rl_deadlock_wait_end(void)
 {
 	withdraw();
+	drop_pending();
 	waiting = false;
 	wait_keys = NULL;
 	wait_nkeys = 0;
@@ -452,7 +489,7 @@ typedef struct Edge
 {
 	int			pid;			/* the blocking process */
 	uint64		key_id;			/* Redis: the lock waited for; 0: PostgreSQL */
-	const char *name;			/* Redis: its name */
+	const RLRegistryHold *hold; /* Redis: the blocking hold (Check.holds) */
 	RLProtocol	protocol;		/* Redis: the hold waited for */
 } Edge;
 
@@ -479,7 +516,7 @@ typedef struct Waiter
 	int			nkeys;
 } Waiter;
 
-typedef struct Check
+struct Check
 {
 	Waiter	   *waiters;		/* sorted by pid */
 	int			nwaiters;
@@ -494,7 +531,7 @@ typedef struct Check
 	int			depth;
 	int			path_cap;
 	int			followed;		/* processes whose waits were looked at */
-} Check;
+};
 
 static int
 pid_cmp(const void *a, const void *b)
@@ -784,7 +821,7 @@ redis_edges(Check *c, Step *node, const RLWaitId *keys, int nkeys)
 			}
 			node->edges[node->nedges].pid = h->pid;
 			node->edges[node->nedges].key_id = h->key_id;
-			node->edges[node->nedges].name = h->key + h->name_off;
+			node->edges[node->nedges].hold = h;
 			node->edges[node->nedges].protocol = keys[k].protocol;
 			node->nedges++;
 		}
@@ -838,7 +875,7 @@ push(Check *c, int pid)
 				continue;
 			node->edges[node->nedges].pid = pids[i];
 			node->edges[node->nedges].key_id = 0;
-			node->edges[node->nedges].name = NULL;
+			node->edges[node->nedges].hold = NULL;
 			node->edges[node->nedges].protocol = RL_PROTOCOL_SIMPLE;
 			node->nedges++;
 		}
@@ -889,20 +926,24 @@ search(Check *c)
 }
 
 /*
- * Is the cycle real?  The search read the processes at different moments;
- * a process on it may have stopped waiting in between (released the lock,
- * then began another wait), and failing a transaction for a cycle that
- * never was all at once would be worse than a late detection.  So, with
- * victim_lock held: (1) the registry's pass shows every Redis hold on the
- * cycle, at one moment T; then (2) every PostgreSQL waiter is still blocked
- * by the next process, in the same wait as when the search looked (its
+ * Is the cycle real?  The search read the processes at different moments,
+ * S; a process on it may have stopped waiting in between (released the
+ * lock, then began another wait), and failing a transaction for a cycle
+ * that never was all at once would be worse than a late detection.  And the
+ * registry may still show a hold Redis no longer has.  So: (0) the caller
+ * asked Redis, at a moment T' after S, and every hold on the cycle was
+ * there with its holder's owner value (rl_deadlock_confirm checks that
+ * before calling this); then, with victim_lock held, (1) the registry's
+ * pass shows every one of those holds (same slot, same owner value) at a
+ * moment T after T'; then (2) every PostgreSQL waiter is still blocked by
+ * the next process, in the same wait as when the search looked (its
  * waitStart, 14+); then (3) every Redis waiter still has the publication
- * the search followed.  Each process was then waiting over an interval
- * containing T, and a waiting process takes and gives up nothing, so at T
- * every edge of the cycle held at once.  (On 13 a PostgreSQL waiter's
- * wait has no identity: (2) only sees it blocked by the next.)  Another
- * member of the cycle that confirms it after us finds our record withdrawn,
- * so it does not fail too.
+ * the search followed.  Each process was then waiting over an interval from
+ * S to T, and a waiting process takes and gives up nothing, so at T' every
+ * edge of the cycle held at once, in Redis too.  (On 13 a PostgreSQL
+ * waiter's wait has no identity: (2) only sees it blocked by the next.)
+ * Another member of the cycle that confirms it after us finds our record
+ * withdrawn, so it does not fail too.
  */
 static bool
 confirm_cycle(Check *c)
@@ -934,6 +975,8 @@ confirm_cycle(Check *c)
 		ok = false;
 		for (j = 0; j < nholds && !ok; j++)
 			ok = holds[j].key_id == e->key_id && holds[j].pid == e->pid &&
+				holds[j].slot == e->hold->slot &&
+				strcmp(holds[j].owner, e->hold->owner) == 0 &&
 				modes_conflict(e->protocol, holds[j].protocol);
 	}
 	for (i = 0; i < c->depth && ok; i++)
@@ -1004,12 +1047,13 @@ describe_pg_wait(int pid)
 }
 
 /*
- * Fail this backend's wait for the confirmed cycle c->path, as PostgreSQL's
- * DeadLockReport does: one line per process for the client, the same plus
- * each process's query for the server log.
+ * What a confirmed cycle c->path is reported with, as PostgreSQL's
+ * DeadLockReport does: one line per process for the client (*client), the
+ * same plus each process's query for the server log (*log), allocated in
+ * the current memory context.
  */
-pg_noreturn static void
-report_deadlock(Check *c)
+static void
+describe_cycle(Check *c, char **client_out, char **log_out)
 {
 	StringInfoData client;
 	StringInfoData log;
@@ -1031,7 +1075,7 @@ report_deadlock(Check *c)
 							 e->protocol == RL_PROTOCOL_RW_WRITE ?
 							 "Process %d waits for the write hold of Redis lock \"%s\"; blocked by process %d." :
 							 "Process %d waits for Redis lock \"%s\"; blocked by process %d.",
-							 n->pid, e->name, e->pid);
+							 n->pid, e->hold->key + e->hold->name_off, e->pid);
 		else
 		{
 			char	   *what = describe_pg_wait(n->pid);
@@ -1050,29 +1094,59 @@ report_deadlock(Check *c)
 	for (i = 0; i < c->depth; i++)
 		appendStringInfo(&log, "\nProcess %d: %s", c->path[i].pid,
 						 pgstat_get_backend_current_activity(c->path[i].pid, false));
-	pgstat_report_deadlock();
-	ereport(ERROR,
-			(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
-			 errmsg("deadlock detected"),
-			 errdetail_internal("%s", client.data),
-			 errdetail_log("%s", log.data),
-			 errhint("See server log for query details.")));
+	*client_out = client.data;
+	*log_out = log.data;
+}
+
+/*
+ * The holds on the cycle c->path, for the caller to ask Redis about (one
+ * per Redis edge), into pending_holds; false when one of them is no longer
+ * in the registry (its holder let it go since the search: no cycle).
+ */
+static bool
+holds_to_confirm(Check *c)
+{
+	int			i;
+
+	pending_holds = palloc0(sizeof(RLDeadlockHold) * Max(c->depth, 1));
+	pending_nholds = 0;
+	for (i = 0; i < c->depth; i++)
+	{
+		Step	   *n = &c->path[i];
+		const RLRegistryHold *h;
+		RLDeadlockHold *out;
+
+		if (!n->redis)
+			continue;
+		h = n->edges[n->next - 1].hold;
+		out = &pending_holds[pending_nholds++];
+		out->target_spec = rl_registry_hold_target(h);
+		if (out->target_spec == NULL)
+			return false;
+		out->key = h->key;
+		out->owner = h->owner;
+		out->protocol = h->protocol;
+		out->script_free = h->script_free;
+		out->in_redis = false;
+	}
+	return true;
 }
 
 /*
  * One check: is this backend, waiting for its keys, on a cycle of waits?
- * Raises 40P01 when it is (and it confirmed the cycle first).  Its cost:
- * a look at every PGPROC and record; only when a wait began since the
- * last check (PostgreSQL 14+; on 13, always) one pass over the registry, a
- * read of the segment of each waiter for more keys than its record has
- * room for, and a pg_blocking_pids() call per process the search reaches.
+ * Returns true when the search found one, left in pending with the holds
+ * Redis is to be asked about.  Its cost: a look at every PGPROC and record;
+ * only when a wait began since the last check (PostgreSQL 14+; on 13,
+ * always) one pass over the registry, a read of the segment of each waiter
+ * for more keys than its record has room for, and a pg_blocking_pids() call
+ * per process the search reaches.
  */
-static void
+static bool
 run_check(void)
 {
 	MemoryContext cxt;
 	MemoryContext old;
-	Check		c;
+	Check	   *c;
 	TimestampTz started = GetCurrentTimestamp();
 	uint64		print;
 	uint64	   *ids;
@@ -1080,14 +1154,14 @@ run_check(void)
 	int			blocked;
 	int			i;
 	int			k;
-	bool		confirmed;
 
+	/* freed with its parent if the check raises */
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "redis_lock deadlock check",
 								ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
-	memset(&c, 0, sizeof(c));
-	print = scan_procs(&c, &blocked);
-	print = snapshot_waiters(&c, print);
+	c = palloc0(sizeof(Check));
+	print = scan_procs(c, &blocked);
+	print = snapshot_waiters(c, print);
 	if (quiet_valid && print == quiet_print)
 	{
 		ereport(DEBUG1,
@@ -1095,54 +1169,58 @@ run_check(void)
 								 (long) (GetCurrentTimestamp() - started))));
 		goto done;
 	}
-	if (blocked + c.nwaiters == 0)
+	if (blocked + c->nwaiters == 0)
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("redis_lock deadlock check: no other process waits, %ld us",
 								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
-
-	read_segments(&c);
+	read_segments(c);
 
 	/* the holds of every lock a wait waits for, in one pass */
 	nids = mine.nkeys;
-	for (i = 0; i < c.nwaiters; i++)
-		nids += c.waiters[i].nkeys;
+	for (i = 0; i < c->nwaiters; i++)
+		nids += c->waiters[i].nkeys;
 	ids = palloc(sizeof(uint64) * (nids + 1));
 	nids = 0;
 	for (k = 0; k < mine.nkeys; k++)
 		ids[nids++] = mine_keys[k].id;
-	for (i = 0; i < c.nwaiters; i++)
-		for (k = 0; k < c.waiters[i].nkeys; k++)
-			ids[nids++] = c.waiters[i].keys[k].id;
+	for (i = 0; i < c->nwaiters; i++)
+		for (k = 0; k < c->waiters[i].nkeys; k++)
+			ids[nids++] = c->waiters[i].keys[k].id;
 	nids = sort_unique(ids, nids);
-	c.holds = holds_of(ids, nids, c.waiting, c.nwaiting, &c.nholds);
+	c->holds = holds_of(ids, nids, c->waiting, c->nwaiting, &c->nholds);
 
-	if (!search(&c))
+	if (!search(c))
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("redis_lock deadlock check: no cycle; %d other process(es) waiting, %d Redis hold(s) of %d lock(s) waited for, %d process(es) followed, %ld us",
-								 blocked + c.nwaiters, c.nholds, nids, c.followed,
+								 blocked + c->nwaiters, c->nholds, nids, c->followed,
 								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
 
-	LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
-	confirmed = confirm_cycle(&c);
-	if (confirmed)
-		rl_deadlock_wait_end(); /* our record goes before the next looks */
-	LWLockRelease(dl->victim_lock);
-	if (confirmed)
+	/* the cycle waits for Redis' word: its context outlives this call */
+	MemoryContextSetParent(cxt, TopMemoryContext);
+	pending_cxt = cxt;
+	pending = c;
+	if (holds_to_confirm(c))
 	{
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) found, %ld us; asking Redis about its %d hold(s)",
+								 c->depth, (long) (GetCurrentTimestamp() - started),
+								 pending_nholds)));
 		MemoryContextSwitchTo(old);
-		report_deadlock(&c);
+		return true;
 	}
 	ereport(DEBUG1,
 			(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
-							 c.depth)));
+							 c->depth)));
+	MemoryContextSwitchTo(old);
+	drop_pending();
 	quiet_valid = false;
-	goto done;
+	return false;
 
 quiet:
 #ifdef RL_HAVE_WAIT_START
@@ -1152,24 +1230,112 @@ quiet:
 done:
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
+	return false;
 }
 
 /*
  * In a wait's loop: check for a deadlock if one is due (deadlock_timeout
- * after the wait began, then every deadlock_timeout), raising 40P01 when
- * this backend is on a cycle.  O(1) when none is due.
+ * after the wait began, then every deadlock_timeout).  O(1) when none is
+ * due.  Returns true when the check found a cycle: *holds (*nholds of them)
+ * are its holds, for the caller to ask Redis about before it calls
+ * rl_deadlock_confirm (deadlock.h).
  */
-void
-rl_deadlock_check_due(TimestampTz now)
+bool
+rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds, int *nholds)
 {
+	bool		found;
+
+	drop_pending();
+	*holds = NULL;
+	*nholds = 0;
 	if (!waiting || now < next_check)
-		return;
+		return false;
 	next_check = TimestampTzPlusMilliseconds(now, recheck_ms);
-	/* never an ERROR where interrupts are held off */
+	/* never an ERROR, nor a wait on Redis, where interrupts are held off */
 	if (InterruptHoldoffCount > 0 || CritSectionCount > 0)
-		return;
+		return false;
 	if (!published)
 		publish();
-	run_check();
+	found = run_check();
 	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
+	if (found)
+	{
+		*holds = pending_holds;
+		*nholds = pending_nholds;
+	}
+	return found;
+}
+
+/*
+ * Decide the cycle the last rl_deadlock_check_due found, once the caller
+ * has asked Redis about its holds: when Redis has every one and the cycle
+ * still holds here (confirm_cycle), fail this backend's wait with 40P01, as
+ * PostgreSQL's own detector does; otherwise the wait goes on.  No-op when
+ * no cycle is pending.
+ */
+void
+rl_deadlock_confirm(void)
+{
+	MemoryContext old;
+	Check	   *c = pending;
+	bool		confirmed = false;
+	char	   *client = NULL;
+	char	   *log = NULL;
+	int			i;
+
+	if (c == NULL || InterruptHoldoffCount > 0 || CritSectionCount > 0)
+	{
+		drop_pending();
+		return;
+	}
+	old = MemoryContextSwitchTo(pending_cxt);
+	for (i = 0; i < pending_nholds; i++)
+		if (!pending_holds[i].in_redis)
+			break;
+	if (i < pending_nholds)
+	{
+		Edge	   *e = NULL;
+		int			k;
+		int			r = 0;
+
+		/* pending_holds are the Redis edges' holds, in the path's order */
+		for (k = 0; k < c->depth && e == NULL; k++)
+			if (c->path[k].redis && r++ == i)
+				e = &c->path[k].edges[c->path[k].next - 1];
+		Assert(e != NULL);
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed: Redis did not show process %d holding Redis lock \"%s\"",
+								 c->depth, e->pid, e->hold->key + e->hold->name_off)));
+	}
+	else
+	{
+		LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
+		confirmed = confirm_cycle(c);
+		if (confirmed)
+			withdraw_record();	/* gone before the next member looks */
+		LWLockRelease(dl->victim_lock);
+		if (!confirmed)
+			ereport(DEBUG1,
+					(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
+									 c->depth)));
+	}
+	MemoryContextSwitchTo(old);
+	if (confirmed)
+		describe_cycle(c, &client, &log);
+	/* the round trip took its time: the next check is deadlock_timeout away */
+	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
+	quiet_valid = false;
+	if (!confirmed)
+	{
+		drop_pending();
+		return;
+	}
+	rl_deadlock_wait_end();
+	pgstat_report_deadlock();
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
+			 errmsg("deadlock detected"),
+			 errdetail_internal("%s", client),
+			 errdetail_log("%s", log),
+			 errhint("See server log for query details.")));
 }
