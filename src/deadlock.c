@@ -13,17 +13,27 @@
  *
  *	  A waiting backend publishes which Redis locks it waits for, in a
  *	  record of its own in shared memory, from its first check on: a wait
- *	  shorter than deadlock_timeout touches no shared memory.  Who holds a
- *	  lock comes from the watchdog registry.  Holders outside this server
- *	  (other servers, services) are not known here and never close a cycle.
- *	  A cycle is confirmed before anyone is failed for it (see
- *	  confirm_cycle), and at most one member of a cycle fails: the first to
- *	  confirm it.  Exists only with shared_preload_libraries = 'redis_lock'.
+ *	  shorter than deadlock_timeout touches no shared memory.  A wait for
+ *	  more keys than the record has room for (a multi-key acquire) puts all
+ *	  of them in a dynamic shared memory segment of its own, which other
+ *	  checks read: a cycle through any of them is found.  Who holds a lock
+ *	  comes from the watchdog registry.  Holders outside this server (other
+ *	  servers, services) are not known here and never close a cycle.
+ *
+ *	  The registry learns that a hold is gone from Redis (an administrator's
+ *	  force release, a restart, a failover) only at the worker's next
+ *	  renewal, so a cycle the registry shows is confirmed before anyone is
+ *	  failed for it: each of its holds in Redis, by the caller, in one round
+ *	  trip (rl_deadlock_check_due hands them over, rl_deadlock_confirm
+ *	  decides), then every edge again here (see confirm_cycle).  At most one
+ *	  member of a cycle fails: the first to confirm it.  Exists only with
+ *	  shared_preload_libraries = 'redis_lock'.
  *
  *	  Must not: talk to Redis, hold an LWLock across an ERROR of its own,
- *	  raise where interrupts are held, or leave a wait published after the
- *	  wait (its end, transaction abort, subtransaction abort and backend exit
- *	  each withdraw it).
+ *	  raise where interrupts are held, report a cycle whose holds Redis did
+ *	  not confirm, or leave a wait published after the wait (its end,
+ *	  transaction abort, subtransaction abort and backend exit each withdraw
+ *	  it, and its segment with it).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -41,6 +51,7 @@
 #include "miscadmin.h"
 #include "postmaster/autovacuum.h"
 #include "replication/walsender.h"
+#include "storage/dsm.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
@@ -66,15 +77,42 @@
 #define RL_HAVE_WAIT_START
 #endif
 
+#ifndef DSM_HANDLE_INVALID
+#define DSM_HANDLE_INVALID ((dsm_handle) 0)
+#endif
+
+/* One lock waited for, as published */
+typedef struct RLWaitId
+{
+	uint64		id;				/* rl_registry_key_id() */
+	RLProtocol	protocol;		/* the hold waited for (RLWaitKey) */
+} RLWaitId;
+
 /* What one backend waits for, while it waits and has been checked once */
 typedef struct RLWaitRecord
 {
 	int			pid;			/* 0: nobody waits here */
-	int			nkeys;
+	int			nkeys;			/* every key waited for */
 	uint64		seq;			/* this publication; never reused */
-	uint64		ids[RL_DEADLOCK_MAX_KEYS];	/* rl_registry_key_id() */
-	RLProtocol	protocols[RL_DEADLOCK_MAX_KEYS];
+	dsm_handle	more;			/* nkeys > RL_DEADLOCK_INLINE_KEYS: the
+								 * segment holding all of them (a
+								 * RLWaitSegment); DSM_HANDLE_INVALID when
+								 * none could be made: keys[] only */
+	RLWaitId	keys[RL_DEADLOCK_INLINE_KEYS];	/* the first ones */
 } RLWaitRecord;
+
+/*
+ * Every key of a wait too long for its record: written before the record
+ * names it, never changed after; its own pid and seq let a reader see that
+ * it is that publication's (a handle may name a newer segment).
+ */
+typedef struct RLWaitSegment
+{
+	int			pid;
+	int			nkeys;
+	uint64		seq;
+	RLWaitId	keys[FLEXIBLE_ARRAY_MEMBER];
+} RLWaitSegment;
 
 /*
  * One record per process that can run SQL, indexed by its PGPROC number,
@@ -107,7 +145,22 @@ static bool published = false;	/* my_record holds this wait */
 static RLWaitRecord *my_record = NULL;
 static RLWaitRecord mine;		/* what this wait published (also without a
 								 * record of its own) */
+static RLWaitId *mine_keys = NULL;	/* every key of it (TopMemoryContext) */
+static int	mine_keys_cap = 0;
+static dsm_segment *mine_segment = NULL;	/* mine.more, attached */
 static bool callbacks_set = false;
+
+/*
+ * A cycle the last check found, until Redis has been asked about its holds
+ * and rl_deadlock_confirm decided (or the wait ended): its context hangs
+ * off TopMemoryContext, so that an error in the caller's round trip leaves
+ * it to the next check or the wait's end to free.
+ */
+typedef struct Check Check;
+static MemoryContext pending_cxt = NULL;
+static Check *pending = NULL;
+static RLDeadlockHold *pending_holds = NULL;
+static int	pending_nholds = 0;
 
 /*
  * A check that found no cycle leaves the fingerprint of every wait it saw
@@ -241,6 +294,33 @@ redis_lock_deadlock_before_shmem_exit(int code, Datum arg)
 }
 
 /*
+ * A segment holding every key of this wait, not yet named by any record
+ * (its seq is set when it is), or NULL when no more segments can be made
+ * (max_connections decides how many): the record alone then tells the
+ * others' checks of its first keys.  Kept for the session, not a resource
+ * owner: withdraw() detaches it, which destroys it.
+ */
+static dsm_segment *
+make_segment(void)
+{
+	dsm_segment *seg;
+	RLWaitSegment *w;
+
+	seg = dsm_create(add_size(offsetof(RLWaitSegment, keys),
+							  mul_size(mine.nkeys, sizeof(RLWaitId))),
+					 DSM_CREATE_NULL_IF_MAXSEGMENTS);
+	if (seg == NULL)
+		return NULL;
+	dsm_pin_mapping(seg);
+	w = dsm_segment_address(seg);
+	w->pid = MyProcPid;
+	w->nkeys = mine.nkeys;
+	w->seq = 0;
+	memcpy(w->keys, mine_keys, sizeof(RLWaitId) * mine.nkeys);
+	return seg;
+}
+
+/*
  * Publish what this wait waits for (again, with a new seq, when its keys
  * changed).  The callbacks that withdraw it come first, so that no error
  * can leave it published.
@@ -248,6 +328,8 @@ redis_lock_deadlock_before_shmem_exit(int code, Datum arg)
 static void
 publish(void)
 {
+	dsm_segment *seg = NULL;
+	dsm_segment *old_seg;
 	int			i;
 
 	if (!callbacks_set)
@@ -257,26 +339,47 @@ publish(void)
 		before_shmem_exit(redis_lock_deadlock_before_shmem_exit, (Datum) 0);
 		callbacks_set = true;
 	}
+	if (wait_nkeys > mine_keys_cap)
+	{
+		int			cap = Max(wait_nkeys, 2 * mine_keys_cap);
+
+		mine_keys = mine_keys == NULL ?
+			MemoryContextAlloc(TopMemoryContext, sizeof(RLWaitId) * cap) :
+			repalloc(mine_keys, sizeof(RLWaitId) * cap);
+		mine_keys_cap = cap;
+	}
 	mine.pid = MyProcPid;
-	mine.nkeys = Min(wait_nkeys, RL_DEADLOCK_MAX_KEYS);
+	mine.nkeys = wait_nkeys;
 	for (i = 0; i < mine.nkeys; i++)
 	{
-		mine.ids[i] = rl_registry_key_id(wait_keys[i].target_spec,
-										 wait_keys[i].key);
-		mine.protocols[i] = wait_keys[i].protocol;
+		mine_keys[i].id = rl_registry_key_id(wait_keys[i].target_spec,
+											 wait_keys[i].key);
+		mine_keys[i].protocol = wait_keys[i].protocol;
 	}
+	memcpy(mine.keys, mine_keys,
+		   sizeof(RLWaitId) * Min(mine.nkeys, RL_DEADLOCK_INLINE_KEYS));
 	my_record = record_of_mine();
+	if (my_record != NULL && mine.nkeys > RL_DEADLOCK_INLINE_KEYS)
+		seg = make_segment();
+	mine.more = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
 	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
 	mine.seq = dl->next_seq++;
+	if (seg != NULL)
+		((RLWaitSegment *) dsm_segment_address(seg))->seq = mine.seq;
 	if (my_record != NULL)
 		*my_record = mine;
 	LWLockRelease(dl->records_lock);
 	published = true;
+	/* the last publication's segment, which no record names any more */
+	old_seg = mine_segment;
+	mine_segment = seg;
+	if (old_seg != NULL)
+		dsm_detach(old_seg);
 }
 
-/* Withdraw this backend's record; never raises */
+/* Withdraw this backend's record, leaving its segment; never raises */
 static void
-withdraw(void)
+withdraw_record(void)
 {
 	if (!published)
 		return;
@@ -286,7 +389,38 @@ withdraw(void)
 	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
 	my_record->pid = 0;
 	my_record->nkeys = 0;
+	my_record->more = DSM_HANDLE_INVALID;
 	LWLockRelease(dl->records_lock);
+}
+
+/* Withdraw this backend's record and its segment; never raises */
+static void
+withdraw(void)
+{
+	dsm_segment *seg = mine_segment;
+
+	withdraw_record();
+	mine_segment = NULL;
+	/* a check reading it meanwhile keeps it until it detaches */
+	if (seg != NULL)
+		dsm_detach(seg);
+}
+
+/* Forget the cycle the last check found, if any; never raises */
+static void
+drop_pending(void)
+{
+	MemoryContext cxt = pending_cxt;
+
+	pending = NULL;
+	pending_holds = NULL;
+	pending_nholds = 0;
+	pending_cxt = NULL;
+	if (cxt == NULL)
+		return;
+	if (CurrentMemoryContext == cxt)
+		MemoryContextSwitchTo(TopMemoryContext);
+	MemoryContextDelete(cxt);
 }
 
 /*
@@ -339,6 +473,7 @@ void
 rl_deadlock_wait_end(void)
 {
 	withdraw();
+	drop_pending();
 	waiting = false;
 	wait_keys = NULL;
 	wait_nkeys = 0;
@@ -354,7 +489,7 @@ typedef struct Edge
 {
 	int			pid;			/* the blocking process */
 	uint64		key_id;			/* Redis: the lock waited for; 0: PostgreSQL */
-	const char *name;			/* Redis: its name */
+	const RLRegistryHold *hold; /* Redis: the blocking hold (Check.holds) */
 	RLProtocol	protocol;		/* Redis: the hold waited for */
 } Edge;
 
@@ -376,9 +511,12 @@ typedef struct Waiter
 {
 	RLWaitRecord r;
 	int			record;			/* its index in the records */
+	const RLWaitId *keys;		/* every key it waits for (r.keys, or a copy
+								 * of its segment's) */
+	int			nkeys;
 } Waiter;
 
-typedef struct Check
+struct Check
 {
 	Waiter	   *waiters;		/* sorted by pid */
 	int			nwaiters;
@@ -393,7 +531,7 @@ typedef struct Check
 	int			depth;
 	int			path_cap;
 	int			followed;		/* processes whose waits were looked at */
-} Check;
+};
 
 static int
 pid_cmp(const void *a, const void *b)
@@ -554,11 +692,52 @@ snapshot_waiters(Check *c, uint64 print)
 	{
 		print = hash_combine64(print, hash_combine64((uint64) w[i].r.pid, w[i].r.seq));
 		c->waiting[c->nwaiting++] = w[i].r.pid;
+		w[i].keys = w[i].r.keys;
+		w[i].nkeys = Min(w[i].r.nkeys, RL_DEADLOCK_INLINE_KEYS);
 	}
 	c->nwaiting = sort_unique_pids(c->waiting, c->nwaiting);
 	c->waiters = w;
 	c->nwaiters = n;
 	return print;
+}
+
+/*
+ * Every key of the waiters whose records have no room for all of theirs,
+ * from their segments.  A segment gone meanwhile (its wait ended: its seq
+ * will not match at the confirmation), or one that is not this
+ * publication's, leaves the record's keys alone.
+ */
+static void
+read_segments(Check *c)
+{
+	int			i;
+
+	for (i = 0; i < c->nwaiters; i++)
+	{
+		Waiter	   *w = &c->waiters[i];
+		dsm_segment *seg;
+		RLWaitSegment *s;
+		Size		need;
+
+		if (w->r.nkeys <= RL_DEADLOCK_INLINE_KEYS || w->r.more == DSM_HANDLE_INVALID ||
+			(mine_segment != NULL && w->r.more == dsm_segment_handle(mine_segment)))
+			continue;
+		seg = dsm_attach(w->r.more);
+		if (seg == NULL)
+			continue;
+		s = dsm_segment_address(seg);
+		need = offsetof(RLWaitSegment, keys) + sizeof(RLWaitId) * (Size) w->r.nkeys;
+		if (dsm_segment_map_length(seg) >= need && s->pid == w->r.pid &&
+			s->seq == w->r.seq && s->nkeys == w->r.nkeys)
+		{
+			RLWaitId   *keys = palloc(sizeof(RLWaitId) * w->r.nkeys);
+
+			memcpy(keys, s->keys, sizeof(RLWaitId) * w->r.nkeys);
+			w->keys = keys;
+			w->nkeys = w->r.nkeys;
+		}
+		dsm_detach(seg);
+	}
 }
 
 static Waiter *
@@ -608,13 +787,13 @@ sort_unique(uint64 *ids, int n)
 
 /* The edges of a wait for Redis locks: the conflicting holds of its keys */
 static void
-redis_edges(Check *c, Step *node, const RLWaitRecord *w)
+redis_edges(Check *c, Step *node, const RLWaitId *keys, int nkeys)
 {
 	int			cap = 4;
 	int			k;
 
 	node->edges = palloc(sizeof(Edge) * cap);
-	for (k = 0; k < w->nkeys; k++)
+	for (k = 0; k < nkeys; k++)
 	{
 		int			lo = 0;
 		int			hi = c->nholds;
@@ -624,16 +803,16 @@ redis_edges(Check *c, Step *node, const RLWaitRecord *w)
 		{
 			int			mid = lo + (hi - lo) / 2;
 
-			if (c->holds[mid].key_id < w->ids[k])
+			if (c->holds[mid].key_id < keys[k].id)
 				lo = mid + 1;
 			else
 				hi = mid;
 		}
-		for (; lo < c->nholds && c->holds[lo].key_id == w->ids[k]; lo++)
+		for (; lo < c->nholds && c->holds[lo].key_id == keys[k].id; lo++)
 		{
 			RLRegistryHold *h = &c->holds[lo];
 
-			if (h->pid == node->pid || !modes_conflict(w->protocols[k], h->protocol))
+			if (h->pid == node->pid || !modes_conflict(keys[k].protocol, h->protocol))
 				continue;
 			if (node->nedges == cap)
 			{
@@ -642,8 +821,8 @@ redis_edges(Check *c, Step *node, const RLWaitRecord *w)
 			}
 			node->edges[node->nedges].pid = h->pid;
 			node->edges[node->nedges].key_id = h->key_id;
-			node->edges[node->nedges].name = h->name;
-			node->edges[node->nedges].protocol = w->protocols[k];
+			node->edges[node->nedges].hold = h;
+			node->edges[node->nedges].protocol = keys[k].protocol;
 			node->nedges++;
 		}
 	}
@@ -670,14 +849,14 @@ push(Check *c, int pid)
 		node->redis = true;
 		node->record = -1;
 		node->seq = mine.seq;
-		redis_edges(c, node, &mine);
+		redis_edges(c, node, mine_keys, mine.nkeys);
 	}
 	else if ((w = find_waiter(c, pid)) != NULL)
 	{
 		node->redis = true;
 		node->record = w->record;
 		node->seq = w->r.seq;
-		redis_edges(c, node, &w->r);
+		redis_edges(c, node, w->keys, w->nkeys);
 	}
 	else
 	{
@@ -696,7 +875,7 @@ push(Check *c, int pid)
 				continue;
 			node->edges[node->nedges].pid = pids[i];
 			node->edges[node->nedges].key_id = 0;
-			node->edges[node->nedges].name = NULL;
+			node->edges[node->nedges].hold = NULL;
 			node->edges[node->nedges].protocol = RL_PROTOCOL_SIMPLE;
 			node->nedges++;
 		}
@@ -747,20 +926,24 @@ search(Check *c)
 }
 
 /*
- * Is the cycle real?  The search read the processes at different moments;
- * a process on it may have stopped waiting in between (released the lock,
- * then began another wait), and failing a transaction for a cycle that
- * never was all at once would be worse than a late detection.  So, with
- * victim_lock held: (1) the registry's pass shows every Redis hold on the
- * cycle, at one moment T; then (2) every PostgreSQL waiter is still blocked
- * by the next process, in the same wait as when the search looked (its
+ * Is the cycle real?  The search read the processes at different moments,
+ * S; a process on it may have stopped waiting in between (released the
+ * lock, then began another wait), and failing a transaction for a cycle
+ * that never was all at once would be worse than a late detection.  And the
+ * registry may still show a hold Redis no longer has.  So: (0) the caller
+ * asked Redis, at a moment T' after S, and every hold on the cycle was
+ * there with its holder's owner value (rl_deadlock_confirm checks that
+ * before calling this); then, with victim_lock held, (1) the registry's
+ * pass shows every one of those holds (same slot, same owner value) at a
+ * moment T after T'; then (2) every PostgreSQL waiter is still blocked by
+ * the next process, in the same wait as when the search looked (its
  * waitStart, 14+); then (3) every Redis waiter still has the publication
- * the search followed.  Each process was then waiting over an interval
- * containing T, and a waiting process takes and gives up nothing, so at T
- * every edge of the cycle held at once.  (On 13 a PostgreSQL waiter's
- * wait has no identity: (2) only sees it blocked by the next.)  Another
- * member of the cycle that confirms it after us finds our record withdrawn,
- * so it does not fail too.
+ * the search followed.  Each process was then waiting over an interval from
+ * S to T, and a waiting process takes and gives up nothing, so at T' every
+ * edge of the cycle held at once, in Redis too.  (On 13 a PostgreSQL
+ * waiter's wait has no identity: (2) only sees it blocked by the next.)
+ * Another member of the cycle that confirms it after us finds our record
+ * withdrawn, so it does not fail too.
  */
 static bool
 confirm_cycle(Check *c)
@@ -792,6 +975,8 @@ confirm_cycle(Check *c)
 		ok = false;
 		for (j = 0; j < nholds && !ok; j++)
 			ok = holds[j].key_id == e->key_id && holds[j].pid == e->pid &&
+				holds[j].slot == e->hold->slot &&
+				strcmp(holds[j].owner, e->hold->owner) == 0 &&
 				modes_conflict(e->protocol, holds[j].protocol);
 	}
 	for (i = 0; i < c->depth && ok; i++)
@@ -862,12 +1047,13 @@ describe_pg_wait(int pid)
 }
 
 /*
- * Fail this backend's wait for the confirmed cycle c->path, as PostgreSQL's
- * DeadLockReport does: one line per process for the client, the same plus
- * each process's query for the server log.
+ * What a confirmed cycle c->path is reported with, as PostgreSQL's
+ * DeadLockReport does: one line per process for the client (*client), the
+ * same plus each process's query for the server log (*log), allocated in
+ * the current memory context.
  */
-pg_noreturn static void
-report_deadlock(Check *c)
+static void
+describe_cycle(Check *c, char **client_out, char **log_out)
 {
 	StringInfoData client;
 	StringInfoData log;
@@ -889,7 +1075,7 @@ report_deadlock(Check *c)
 							 e->protocol == RL_PROTOCOL_RW_WRITE ?
 							 "Process %d waits for the write hold of Redis lock \"%s\"; blocked by process %d." :
 							 "Process %d waits for Redis lock \"%s\"; blocked by process %d.",
-							 n->pid, e->name, e->pid);
+							 n->pid, e->hold->key + e->hold->name_off, e->pid);
 		else
 		{
 			char	   *what = describe_pg_wait(n->pid);
@@ -908,28 +1094,59 @@ report_deadlock(Check *c)
 	for (i = 0; i < c->depth; i++)
 		appendStringInfo(&log, "\nProcess %d: %s", c->path[i].pid,
 						 pgstat_get_backend_current_activity(c->path[i].pid, false));
-	pgstat_report_deadlock();
-	ereport(ERROR,
-			(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
-			 errmsg("deadlock detected"),
-			 errdetail_internal("%s", client.data),
-			 errdetail_log("%s", log.data),
-			 errhint("See server log for query details.")));
+	*client_out = client.data;
+	*log_out = log.data;
+}
+
+/*
+ * The holds on the cycle c->path, for the caller to ask Redis about (one
+ * per Redis edge), into pending_holds; false when one of them is no longer
+ * in the registry (its holder let it go since the search: no cycle).
+ */
+static bool
+holds_to_confirm(Check *c)
+{
+	int			i;
+
+	pending_holds = palloc0(sizeof(RLDeadlockHold) * Max(c->depth, 1));
+	pending_nholds = 0;
+	for (i = 0; i < c->depth; i++)
+	{
+		Step	   *n = &c->path[i];
+		const RLRegistryHold *h;
+		RLDeadlockHold *out;
+
+		if (!n->redis)
+			continue;
+		h = n->edges[n->next - 1].hold;
+		out = &pending_holds[pending_nholds++];
+		out->target_spec = rl_registry_hold_target(h);
+		if (out->target_spec == NULL)
+			return false;
+		out->key = h->key;
+		out->owner = h->owner;
+		out->protocol = h->protocol;
+		out->script_free = h->script_free;
+		out->in_redis = false;
+	}
+	return true;
 }
 
 /*
  * One check: is this backend, waiting for its keys, on a cycle of waits?
- * Raises 40P01 when it is (and it confirmed the cycle first).  Its cost:
- * a look at every PGPROC and record; only when a wait began since the
- * last check (PostgreSQL 14+; on 13, always) one pass over the registry
- * and a pg_blocking_pids() call per process the search reaches.
+ * Returns true when the search found one, left in pending with the holds
+ * Redis is to be asked about.  Its cost: a look at every PGPROC and record;
+ * only when a wait began since the last check (PostgreSQL 14+; on 13,
+ * always) one pass over the registry, a read of the segment of each waiter
+ * for more keys than its record has room for, and a pg_blocking_pids() call
+ * per process the search reaches.
  */
-static void
+static bool
 run_check(void)
 {
 	MemoryContext cxt;
 	MemoryContext old;
-	Check		c;
+	Check	   *c;
 	TimestampTz started = GetCurrentTimestamp();
 	uint64		print;
 	uint64	   *ids;
@@ -937,14 +1154,14 @@ run_check(void)
 	int			blocked;
 	int			i;
 	int			k;
-	bool		confirmed;
 
+	/* freed with its parent if the check raises */
 	cxt = AllocSetContextCreate(CurrentMemoryContext, "redis_lock deadlock check",
 								ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
-	memset(&c, 0, sizeof(c));
-	print = scan_procs(&c, &blocked);
-	print = snapshot_waiters(&c, print);
+	c = palloc0(sizeof(Check));
+	print = scan_procs(c, &blocked);
+	print = snapshot_waiters(c, print);
 	if (quiet_valid && print == quiet_print)
 	{
 		ereport(DEBUG1,
@@ -952,48 +1169,58 @@ run_check(void)
 								 (long) (GetCurrentTimestamp() - started))));
 		goto done;
 	}
-	if (blocked + c.nwaiters == 0)
+	if (blocked + c->nwaiters == 0)
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("redis_lock deadlock check: no other process waits, %ld us",
 								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
+	read_segments(c);
 
-	/* the holds of every lock a published wait waits for, in one pass */
-	ids = palloc(sizeof(uint64) * (mine.nkeys + (Size) c.nwaiters * RL_DEADLOCK_MAX_KEYS + 1));
+	/* the holds of every lock a wait waits for, in one pass */
+	nids = mine.nkeys;
+	for (i = 0; i < c->nwaiters; i++)
+		nids += c->waiters[i].nkeys;
+	ids = palloc(sizeof(uint64) * (nids + 1));
+	nids = 0;
 	for (k = 0; k < mine.nkeys; k++)
-		ids[nids++] = mine.ids[k];
-	for (i = 0; i < c.nwaiters; i++)
-		for (k = 0; k < c.waiters[i].r.nkeys; k++)
-			ids[nids++] = c.waiters[i].r.ids[k];
+		ids[nids++] = mine_keys[k].id;
+	for (i = 0; i < c->nwaiters; i++)
+		for (k = 0; k < c->waiters[i].nkeys; k++)
+			ids[nids++] = c->waiters[i].keys[k].id;
 	nids = sort_unique(ids, nids);
-	c.holds = holds_of(ids, nids, c.waiting, c.nwaiting, &c.nholds);
+	c->holds = holds_of(ids, nids, c->waiting, c->nwaiting, &c->nholds);
 
-	if (!search(&c))
+	if (!search(c))
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("redis_lock deadlock check: no cycle; %d other process(es) waiting, %d Redis hold(s) of %d lock(s) waited for, %d process(es) followed, %ld us",
-								 blocked + c.nwaiters, c.nholds, nids, c.followed,
+								 blocked + c->nwaiters, c->nholds, nids, c->followed,
 								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
 
-	LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
-	confirmed = confirm_cycle(&c);
-	if (confirmed)
-		rl_deadlock_wait_end(); /* our record goes before the next looks */
-	LWLockRelease(dl->victim_lock);
-	if (confirmed)
+	/* the cycle waits for Redis' word: its context outlives this call */
+	MemoryContextSetParent(cxt, TopMemoryContext);
+	pending_cxt = cxt;
+	pending = c;
+	if (holds_to_confirm(c))
 	{
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) found, %ld us; asking Redis about its %d hold(s)",
+								 c->depth, (long) (GetCurrentTimestamp() - started),
+								 pending_nholds)));
 		MemoryContextSwitchTo(old);
-		report_deadlock(&c);
+		return true;
 	}
 	ereport(DEBUG1,
 			(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
-							 c.depth)));
+							 c->depth)));
+	MemoryContextSwitchTo(old);
+	drop_pending();
 	quiet_valid = false;
-	goto done;
+	return false;
 
 quiet:
 #ifdef RL_HAVE_WAIT_START
@@ -1003,24 +1230,112 @@ quiet:
 done:
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
+	return false;
 }
 
 /*
  * In a wait's loop: check for a deadlock if one is due (deadlock_timeout
- * after the wait began, then every deadlock_timeout), raising 40P01 when
- * this backend is on a cycle.  O(1) when none is due.
+ * after the wait began, then every deadlock_timeout).  O(1) when none is
+ * due.  Returns true when the check found a cycle: *holds (*nholds of them)
+ * are its holds, for the caller to ask Redis about before it calls
+ * rl_deadlock_confirm (deadlock.h).
  */
-void
-rl_deadlock_check_due(TimestampTz now)
+bool
+rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds, int *nholds)
 {
+	bool		found;
+
+	drop_pending();
+	*holds = NULL;
+	*nholds = 0;
 	if (!waiting || now < next_check)
-		return;
+		return false;
 	next_check = TimestampTzPlusMilliseconds(now, recheck_ms);
-	/* never an ERROR where interrupts are held off */
+	/* never an ERROR, nor a wait on Redis, where interrupts are held off */
 	if (InterruptHoldoffCount > 0 || CritSectionCount > 0)
-		return;
+		return false;
 	if (!published)
 		publish();
-	run_check();
+	found = run_check();
 	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
+	if (found)
+	{
+		*holds = pending_holds;
+		*nholds = pending_nholds;
+	}
+	return found;
+}
+
+/*
+ * Decide the cycle the last rl_deadlock_check_due found, once the caller
+ * has asked Redis about its holds: when Redis has every one and the cycle
+ * still holds here (confirm_cycle), fail this backend's wait with 40P01, as
+ * PostgreSQL's own detector does; otherwise the wait goes on.  No-op when
+ * no cycle is pending.
+ */
+void
+rl_deadlock_confirm(void)
+{
+	MemoryContext old;
+	Check	   *c = pending;
+	bool		confirmed = false;
+	char	   *client = NULL;
+	char	   *log = NULL;
+	int			i;
+
+	if (c == NULL || InterruptHoldoffCount > 0 || CritSectionCount > 0)
+	{
+		drop_pending();
+		return;
+	}
+	old = MemoryContextSwitchTo(pending_cxt);
+	for (i = 0; i < pending_nholds; i++)
+		if (!pending_holds[i].in_redis)
+			break;
+	if (i < pending_nholds)
+	{
+		Edge	   *e = NULL;
+		int			k;
+		int			r = 0;
+
+		/* pending_holds are the Redis edges' holds, in the path's order */
+		for (k = 0; k < c->depth && e == NULL; k++)
+			if (c->path[k].redis && r++ == i)
+				e = &c->path[k].edges[c->path[k].next - 1];
+		Assert(e != NULL);
+		ereport(DEBUG1,
+				(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed: Redis did not show process %d holding Redis lock \"%s\"",
+								 c->depth, e->pid, e->hold->key + e->hold->name_off)));
+	}
+	else
+	{
+		LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
+		confirmed = confirm_cycle(c);
+		if (confirmed)
+			withdraw_record();	/* gone before the next member looks */
+		LWLockRelease(dl->victim_lock);
+		if (!confirmed)
+			ereport(DEBUG1,
+					(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
+									 c->depth)));
+	}
+	MemoryContextSwitchTo(old);
+	if (confirmed)
+		describe_cycle(c, &client, &log);
+	/* the round trip took its time: the next check is deadlock_timeout away */
+	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
+	quiet_valid = false;
+	if (!confirmed)
+	{
+		drop_pending();
+		return;
+	}
+	rl_deadlock_wait_end();
+	pgstat_report_deadlock();
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
+			 errmsg("deadlock detected"),
+			 errdetail_internal("%s", client),
+			 errdetail_log("%s", log),
+			 errhint("See server log for query details.")));
 }

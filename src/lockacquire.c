@@ -4,9 +4,11 @@
  *	  Owns acquiring: one attempt, reentrancy (a lock the session holds is
  *	  verified and counted again), the wait for a busy lock (behind this
  *	  server's earlier waiters, then subscribed to its release with attempts
- *	  between wake-ups, bounded backoff and Redlock jitter), what is given
- *	  back when an attempt does not grant, and the interface lockmany.c
- *	  acquires several locks through (rl_many_*).
+ *	  between wake-ups, bounded backoff and Redlock jitter), the wait's
+ *	  deadlock checks (a cycle deadlock.c finds is confirmed in Redis here,
+ *	  one round trip, before it is decided), what is given back when an
+ *	  attempt does not grant, and the interface lockmany.c acquires several
+ *	  locks through (rl_many_*).
  *
  *	  Must not: call hiredis, know script bodies (scripts.c does), define
  *	  SQL-callable functions (functions.c does), release held locks
@@ -22,6 +24,7 @@
 #include "locktable_int.h"
 
 #include "miscadmin.h"
+#include "utils/memutils.h"
 #if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
 #endif
@@ -138,6 +141,64 @@ waited(TimestampTz start, AcqOutcome outcome)
 }
 
 /*
+ * Ask Redis, in one round trip, whether each hold on a cycle the deadlock
+ * check found (deadlock.c) is still there with its holder's owner value:
+ * an inspect of its key on its target, read only, with this session's
+ * passwords.  Run only from a wait's loop, where interrupts are not held:
+ * a cancel ends it, and redis_lock.command_timeout bounds it.  A hold Redis
+ * does not show, or a node that does not answer, leaves it unconfirmed: no
+ * deadlock is reported for it, and the wait goes on.
+ */
+static void
+confirm_holds_in_redis(RLDeadlockHold *holds, int n)
+{
+	MemoryContext cxt;
+	MemoryContext old;
+	RLLockOp   *ops;
+	RLLockNames *names;
+	int			i;
+
+	cxt = AllocSetContextCreate(CurrentMemoryContext,
+								"redis_lock deadlock confirmation",
+								ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(cxt);
+	ops = palloc0(sizeof(RLLockOp) * n);
+	names = palloc0(sizeof(RLLockNames) * n);
+	for (i = 0; i < n; i++)
+	{
+		rl_names_from_key(&names[i], holds[i].protocol, "", holds[i].key, cxt);
+		/* the form the holder took it with works there; inspect has both */
+		names[i].script_free = holds[i].script_free || !rl_scripting;
+		strlcpy(names[i].owner, holds[i].owner, sizeof(names[i].owner));
+		ops[i].kind = RL_OP_INSPECT;
+		ops[i].target = rl_target_from_spec(holds[i].target_spec);
+		ops[i].names = &names[i];
+	}
+	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
+	for (i = 0; i < n; i++)
+		holds[i].in_redis = rl_op_held_by(&ops[i], holds[i].owner);
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+}
+
+/*
+ * In a wait's loop, wherever it may raise: the deadlock check due at now,
+ * if any (deadlock.c).  A cycle it finds is confirmed in Redis first, then
+ * decided (40P01 when it is real).
+ */
+static void
+check_deadlock(TimestampTz now)
+{
+	RLDeadlockHold *holds;
+	int			n;
+
+	if (!rl_deadlock_check_due(now, &holds, &n))
+		return;
+	confirm_holds_in_redis(holds, n);
+	rl_deadlock_confirm();
+}
+
+/*
  * Wait behind this server's earlier waiters for the lock (waitqueue.c), if
  * its waiters queue locally: only the head of that queue works in Redis.
  * Returns true when the wait ended here, with *outcome what it came to: the
@@ -161,7 +222,7 @@ wait_local_turn(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 	/* asleep in the queue, it is still checked for deadlocks */
 	while (!(turn = rl_waitq_wait_turn(rl_deadlock_wake_at(deadline))) &&
 		   (now = GetCurrentTimestamp()) < deadline)
-		rl_deadlock_check_due(now);
+		check_deadlock(now);
 	if (!turn)
 	{
 		/* the wait ran out behind earlier local waiters */
@@ -262,7 +323,7 @@ sleep_until_woken(RLHeld *e, RLLockOp *op, RLConn **subs, int nsubs,
 								op->holder_publishes ? NULL : e->names.key,
 								(long) ((rl_deadlock_wake_at(wake) - now + 999) / 1000)) &&
 		   (now = GetCurrentTimestamp()) < wake)
-		rl_deadlock_check_due(now);
+		check_deadlock(now);
 }
 
 /*
@@ -664,6 +725,13 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
  * (locktable.h)
  * ----------------------------------------------------------------
  */
+
+/* A wait for several locks: its deadlock check due at now (check_deadlock) */
+void
+rl_many_check_deadlock(TimestampTz now)
+{
+	check_deadlock(now);
+}
 
 /* What a single acquire refuses for this name's layout (exclusive mode) */
 void

@@ -445,7 +445,7 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 		while (!rl_wait_for_any_message(wsubs, nw, wchannels, wkeys,
 										(long) ((rl_deadlock_wake_at(wake) - now + 999) / 1000)) &&
 			   (now = GetCurrentTimestamp()) < wake)
-			rl_deadlock_check_due(now);
+			rl_many_check_deadlock(now);
 		MemoryContextSwitchTo(old);
 	}
 	rl_deadlock_wait_end();

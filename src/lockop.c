@@ -9,7 +9,8 @@
  *	  means: not run (a refusal, replies.c says which), or an outcome
  *	  nobody knows; and whether a refusal would come again.  A release can
  *	  also be sent without waiting (rl_lock_ops_send) and counted once its
- *	  replies are in (rl_lock_op_answered).
+ *	  replies are in (rl_lock_op_answered).  And, from an inspect, whether an
+ *	  owner value holds a lock (rl_op_held_by).
  *
  *	  Must not: build scripts or names (scripts.c, protocol.c do), keep
  *	  state about held locks (locktable.c does), raise for a node's failure
@@ -646,6 +647,46 @@ RLReply *
 rl_op_inspect_reply(RLLockOp *op, int node)
 {
 	return rl_inspect_reply(&op->calls[node * op->stride], op->unit_calls);
+}
+
+/*
+ * After an inspect op: does owner hold the lock on a majority of its nodes
+ * (one node: on it)?  A node holds it when its answer shows a lock whose
+ * value (a string's) or one of whose holder fields (a hash's) is owner; a
+ * node that gave no answer does not.  Read only: how the deadlock check
+ * asks whether a hold some backend of this server has is still in Redis.
+ */
+bool
+rl_op_held_by(RLLockOp *op, const char *owner)
+{
+	int			held = 0;
+	int			j;
+
+	Assert(op->kind == RL_OP_INSPECT);
+	for (j = 0; j < op->nodes; j++)
+	{
+		RLReply    *r = rl_op_inspect_reply(op, j);
+		RLReply    *v;
+		size_t		k;
+
+		/* {type} (not a lock) or {type, pttl, value or holder fields} */
+		if (r == NULL || r->elements != 3)
+			continue;
+		v = r->element[2];
+		if (v->type == REDIS_REPLY_STRING)
+		{
+			if (strcmp(v->str, owner) == 0)
+				held++;
+			continue;
+		}
+		for (k = 0; k < v->elements; k++)
+			if (strcmp(v->element[k]->str, owner) == 0)
+			{
+				held++;
+				break;
+			}
+	}
+	return held >= rl_target_quorum(op->target);
 }
 
 /* ----------------------------------------------------------------

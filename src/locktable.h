@@ -118,5 +118,6 @@ extern void rl_many_forget(RLHeld *e);
 extern void rl_many_doubts_to_worker(void);
 extern void rl_many_subscribed(RLConn **subs, int n);
 extern void rl_many_unsubscribed(void);
+extern void rl_many_check_deadlock(TimestampTz now);
 
 #endif							/* RL_LOCKTABLE_H */

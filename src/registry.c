@@ -685,10 +685,46 @@ rl_registry_holders(const uint64 *ids, int nids, const int *pids, int npids,
 			out[n].key_id = id;
 			out[n].pid = s->st.pid;
 			out[n].protocol = s->st.protocol;
-			strlcpy(out[n].name, s->key + s->name_off, sizeof(out[n].name));
+			out[n].script_free = s->st.script_free;
+			out[n].slot = i;
+			out[n].name_off = s->name_off;
+			strlcpy(out[n].key, s->key, sizeof(out[n].key));
+			strlcpy(out[n].owner, s->owner, sizeof(out[n].owner));
 		}
 		n++;
 	}
 	LWLockRelease(rl_shared->lock);
 	return n;
+}
+
+/*
+ * Where a hold rl_registry_holders() found lives: a copy of its target's
+ * spec (rl_target_from_spec), or NULL when its slot no longer holds that
+ * lock with that owner value.  The passwords stay here: whoever asks Redis
+ * about the hold uses its own.
+ */
+char *
+rl_registry_hold_target(const RLRegistryHold *hold)
+{
+	RLSlot	   *s;
+	char	   *spec;
+	bool		found = false;
+
+	if (rl_shared == NULL || hold->slot < 0 || hold->slot >= rl_shared->nslots)
+		return NULL;
+	s = &rl_shared->slots[hold->slot];
+	/* nothing is allocated while the lock is held */
+	spec = palloc(RL_TARGET_SPEC_LEN);
+	LWLockAcquire(rl_shared->lock, LW_SHARED);
+	if (s->state == SLOT_HELD && s->st.pid == hold->pid &&
+		strcmp(s->key, hold->key) == 0 && strcmp(s->owner, hold->owner) == 0)
+	{
+		strlcpy(spec, rl_shared->targets[s->target].spec, RL_TARGET_SPEC_LEN);
+		found = true;
+	}
+	LWLockRelease(rl_shared->lock);
+	if (found)
+		return spec;
+	pfree(spec);
+	return NULL;
 }

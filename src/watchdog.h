@@ -42,13 +42,21 @@ typedef struct RLLockInfo
 	char	   *key;
 } RLLockInfo;
 
-/* One hold, in this server, of a lock some backend waits for (deadlock.c) */
+/*
+ * One hold, in this server, of a lock some backend waits for (deadlock.c):
+ * what the registry knows of it, and what asking Redis whether it is still
+ * there takes (rl_registry_hold_target gives where it lives).
+ */
 typedef struct RLRegistryHold
 {
 	uint64		key_id;			/* rl_registry_key_id() of its lock */
 	int			pid;			/* the backend holding it */
 	RLProtocol	protocol;		/* its layout: which mode it holds */
-	char		name[RL_MAX_NAME_LEN + 1];	/* the lock's name */
+	bool		script_free;	/* taken without Lua scripts */
+	int			slot;			/* its registry slot */
+	uint16		name_off;		/* the lock's name is key + name_off */
+	char		key[RL_MAX_KEY_LEN + 1];	/* its Redis key */
+	char		owner[RL_OWNER_LEN + 1];	/* the holder's owner value */
 } RLRegistryHold;
 
 extern bool rl_watchdog_enabled(void);
@@ -70,5 +78,6 @@ extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
 extern uint64 rl_registry_key_id(const char *target_spec, const char *key);
 extern int	rl_registry_holders(const uint64 *ids, int nids, const int *pids,
 								int npids, RLRegistryHold *out, int cap);
+extern char *rl_registry_hold_target(const RLRegistryHold *hold);
 
 #endif							/* RL_WATCHDOG_H */

@@ -17,6 +17,7 @@ Checks are logged at DEBUG1 ("redis_lock deadlock check: ..."); a waiter
 with SET log_min_messages = debug1 lets the test see that its checks ran."""
 import os
 import re
+import subprocess
 import time
 
 import psycopg2
@@ -26,6 +27,7 @@ from conftest import Session, wait_for_wait_event
 import testbed
 from testbed import TIME_SCALE as S
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLOCK_TIMEOUT = "SET deadlock_timeout = '100ms'"
 CHECK_LINE = r"\[%d\] DEBUG:  redis_lock deadlock check: "
 HINT = "See server log for query details."
@@ -726,3 +728,296 @@ def test_acquire_many_waiter_closes_a_cycle(sessions, rc, table):
     a.join(10)
     assert a.error is None, a.error
     a.run("COMMIT")
+
+
+# ----------------------------------------------------------------------
+# Issue 33, item 7: a hold the registry still shows but Redis no longer
+# has never closes a cycle.  The registry marks a hold lost only at the
+# worker's next renewal (lease/3, 10 s here), so a check in between sees B
+# holding R; each Redis edge of a cycle is confirmed in Redis first.
+# ----------------------------------------------------------------------
+
+def _stale_hold_no_false_deadlock(pg, admin, b, c, rc, take_away, row):
+    """B holds R (30 s lease) and waits for C's row; take_away() makes
+    Redis lose B's hold; a redis-py client takes R for 3 s; C waits for R.
+    No cycle (C waits for redis-py, which finishes): C must wait, checked
+    again and again, and get R once redis-py's lease runs out."""
+    verbose(c)
+    assert b.run("SELECT redis_lock_acquire('dl:gone') > 0")
+    c.run("BEGIN")
+    c.run(update(row))
+    b.start(update(row))
+    wait_for_lock_wait(admin, b.pid)
+    take_away()
+    foreign = rc.lock("dl:gone", timeout=3)
+    assert foreign.acquire(blocking=False), "R is free in Redis"
+    taken_at = time.monotonic()
+    start(c, "SELECT redis_lock_acquire('dl:gone', wait => '10s')")
+    # the stale cycle is looked at and turned down, check after check
+    testbed.wait_until(lambda: c.error is not None or sum(
+        "not confirmed" in line for line in checks(pg, c.pid)) >= 3, 10,
+        what="three checks of C that turn the stale cycle down")
+    assert c.error is None, "C failed while it waits for redis-py: %s" % c.error
+    c.join(15)
+    assert c.error is None, "C failed while it waits for redis-py: %s" % c.error
+    assert c.result > 0, "C got R once redis-py's lease ran out"
+    waited = time.monotonic() - taken_at
+    turned = [line for line in checks(pg, c.pid) if "not confirmed" in line]
+    print("\nC got R %.0f ms after redis-py took it, %d checks turned the stale cycle "
+          "down: %s" % (1000 * waited, len(turned), turned[0]))
+    assert re.search(r'not confirmed: Redis did not show process %d holding Redis lock "dl:gone"'
+                     % b.pid, turned[0]), turned[0]
+    assert waited >= 2.5, "C got R only once redis-py's 3 s lease ran out"
+    assert all(line.startswith(("no ", "a cycle")) for line in checks(pg, c.pid))
+    c.run("ROLLBACK")
+    b.join(10)
+    assert b.error is None, b.error
+    assert c.run("SELECT redis_lock_release('dl:gone')") is True
+
+
+def test_no_false_deadlock_after_a_force_release(pg, sessions, rc, table):
+    """Issue 33 item 7, as reported: an admin force-releases R under B."""
+    b, c, admin = sessions(), sessions(), sessions()
+
+    def force():
+        assert admin.run("SELECT redis_lock_force_release('dl:gone')") is True
+    _stale_hold_no_false_deadlock(pg, admin, b, c, rc, force, 11)
+    # B learns it lost R at its release (or the worker's renewal)
+    b.run("SET client_min_messages = error")
+    assert b.run("SELECT redis_lock_release('dl:gone')") is False
+
+
+def test_no_false_deadlock_after_a_redis_restart(env):
+    """Issue 33 item 7, the restart variant: Redis restarts empty under B."""
+    r, pg, session = env
+    b, c, admin = session(), session(), session()
+    admin.run("CREATE TABLE dl_rows (id int PRIMARY KEY, v int NOT NULL DEFAULT 0);"
+              "INSERT INTO dl_rows (id) SELECT g FROM generate_series(1, 20) g")
+    try:
+        # (redis-py connects at its first command: after the restart)
+        _stale_hold_no_false_deadlock(pg, admin, b, c, r.client(), r.restart, 12)
+    finally:
+        # a failure must not leave B waiting for C's row: closing B's
+        # connection would wait for B's statement
+        for s in (b, c):
+            admin.run("SELECT pg_terminate_backend(%s)", (s.pid,))
+        for s in (b, c):
+            if s.thread is not None:
+                s.thread.join(10 * S)
+
+
+LAYOUTS = {
+    "simple": "SET redis_lock.protocol = 'simple'",
+    "redisson": "SET redis_lock.protocol = 'redisson'",
+    "redisson_fair": "SET redis_lock.protocol = 'redisson_fair'",
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_cycle_is_confirmed_in_redis_in_every_layout(sessions, rc, table, layout):
+    """The confirmation finds the holder's owner value in each layout's
+    form (a string's value, a Redisson hash's field; the read-write layout
+    in test_read_write_lock_cycle): the real cycle is still found."""
+    a, b, admin = sessions(), sessions(), sessions()
+    for s in (a, b):
+        s.run(LAYOUTS[layout])
+    b.run(DEADLOCK_TIMEOUT)
+    a.run("BEGIN")
+    assert a.run("SELECT redis_lock_acquire('dl:layout', xact => true) > 0")
+    b.run("BEGIN")
+    b.run(update(15))
+    b_xid = xid(b)
+    a.start(update(15))
+    wait_for_lock_wait(admin, a.pid)
+    start(b, "SELECT redis_lock_acquire('dl:layout', wait => '10s')")
+    assert_deadlock(b, [
+        'Process %d waits for Redis lock "dl:layout"; blocked by process %d.' % (b.pid, a.pid),
+        "Process %d waits for ShareLock on transaction %d; blocked by process %d."
+        % (a.pid, b_xid, b.pid)])
+    b.run("ROLLBACK")
+    a.join(10)
+    assert a.error is None, a.error
+    a.run("COMMIT")
+    assert rc.exists("dl:layout") == 0
+
+
+def test_a_cycle_is_confirmed_without_scripts():
+    """On Valkey 9.1 whose ACL denies scripts to the extension's user
+    (redis_lock.scripting = off): the confirmation asks with the script-free
+    form, and the real cycle is found.  (scripts/get-server valkey-9.1, as
+    t/test_scripting.py: fails, never skips, when it cannot be had.)"""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "get-server"), "valkey-9.1"],
+                         check=True, timeout=1800, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True).stdout
+    r = testbed.Redis(server=out.strip().splitlines()[-1]).start()
+    r.client().execute_command("ACL", "SETUSER", "rl", "reset", "on", ">rl-secret",
+                               "~*", "&*", "+@all", "-@scripting")
+    pg = testbed.Postgres(conf={"redis_lock.url": "redis://rl@127.0.0.1:%d/0" % r.port,
+                                "redis_lock.password": "rl-secret",
+                                "redis_lock.scripting": "off"}).init().start().with_extension()
+    made = []
+    try:
+        a, b, admin = (Session(pg) for _ in range(3))
+        made += [a, b, admin]
+        admin.run("CREATE TABLE dl_rows (id int PRIMARY KEY, v int NOT NULL DEFAULT 0);"
+                  "INSERT INTO dl_rows (id) SELECT g FROM generate_series(1, 20) g")
+        b.run(DEADLOCK_TIMEOUT)
+        a.run("BEGIN")
+        assert a.run("SELECT redis_lock_acquire('dl:noscript', xact => true) > 0")
+        b.run("BEGIN")
+        b.run(update(16))
+        b_xid = xid(b)
+        a.start(update(16))
+        wait_for_lock_wait(admin, a.pid)
+        start(b, "SELECT redis_lock_acquire('dl:noscript', wait => '10s')")
+        assert_deadlock(b, [
+            'Process %d waits for Redis lock "dl:noscript"; blocked by process %d.'
+            % (b.pid, a.pid),
+            "Process %d waits for ShareLock on transaction %d; blocked by process %d."
+            % (a.pid, b_xid, b.pid)])
+        b.run("ROLLBACK")
+        a.join(10)
+        assert a.error is None, a.error
+        a.run("COMMIT")
+        assert r.client().execute_command("ACL", "LOG") == [], "no script was tried"
+    finally:
+        pg.cleanup()            # stops the server first: no session hangs
+        r.stop()
+        for s in made:
+            s.close()
+
+
+@pytest.mark.parametrize("ending", ["answered later", "cancel"])
+def test_a_cycle_redis_does_not_confirm_is_no_deadlock(env, ending):
+    """A real cycle: A holds R and waits for Q2's row; Q2 waits for R asleep
+    in the local queue behind Q1, so its only Redis traffic is its checks'
+    confirmations.  Redis is frozen: while it does not answer, no 40P01 and
+    the wait goes on ("answered later": once Redis answers again, the next
+    check finds the cycle); a cancel ends the confirmation's round trip
+    (command_timeout 10 s) within 1 s ("cancel")."""
+    r, pg, session = env
+    a, q1, q2, admin = session(), session(), session(), session()
+    admin.run("CREATE TABLE dl_rows (id int PRIMARY KEY, v int NOT NULL DEFAULT 0);"
+              "INSERT INTO dl_rows (id) SELECT g FROM generate_series(1, 20) g")
+    verbose(q2)
+    q2.run("SET redis_lock.command_timeout = %s",
+           ("300ms" if ending == "answered later" else "10s",))
+    q1.run("SET redis_lock.command_timeout = '60s'")
+    a.run("BEGIN")
+    assert a.run("SELECT redis_lock_acquire('dl:frozen', xact => true) > 0")
+    q1.start("SELECT redis_lock_acquire('dl:frozen', wait => '60s')")
+    wait_for_wait_event(admin.conn, q1.pid)
+    q2.run("BEGIN")
+    q2.run(update(1))
+    q2_xid = xid(q2)
+    a.start(update(1))
+    wait_for_lock_wait(admin, a.pid)
+    r.pause()
+    try:
+        start(q2, "SELECT redis_lock_acquire('dl:frozen', wait => '30s')")
+        if ending == "answered later":
+            testbed.wait_until(lambda: q2.error is not None or sum(
+                "not confirmed" in line for line in checks(pg, q2.pid)) >= 2, 10,
+                what="two checks of Q2 that Redis did not answer")
+            assert q2.error is None, "failed while Redis did not answer: %s" % q2.error
+            r.resume()
+            q2.started_at = time.monotonic()
+            assert_deadlock(q2, [
+                'Process %d waits for Redis lock "dl:frozen"; blocked by process %d.'
+                % (q2.pid, a.pid),
+                "Process %d waits for ShareLock on transaction %d; blocked by process %d."
+                % (a.pid, q2_xid, q2.pid)], since="Redis answered again")
+        else:
+            testbed.wait_until(lambda: any("asking Redis" in line
+                                           for line in checks(pg, q2.pid)), 10,
+                               what="Q2's check to ask Redis")
+            t0 = time.monotonic()
+            admin.run("SELECT pg_cancel_backend(%s)", (q2.pid,))
+            q2.join(5)
+            assert q2.error is not None and q2.error.pgcode == "57014", q2.error
+            print("\ncancelled %.0f ms into the confirmation" % (1000 * (q2.finished_at - t0)))
+            assert q2.finished_at - t0 < 1.0 * S
+            r.resume()
+        q2.run("ROLLBACK")
+        a.join(10)
+        assert a.error is None, a.error
+        a.run("COMMIT")
+        q1.join(10)
+        assert q1.error is None and q1.result > 0, q1.error
+    finally:
+        r.resume()
+        for s in (a, q1, q2):
+            admin.run("SELECT pg_terminate_backend(%s)", (s.pid,))
+        for s in (a, q1, q2):
+            if s.thread is not None:
+                s.thread.join(10 * S)
+
+
+# ----------------------------------------------------------------------
+# Issue 33, item 8: a cycle through any key of an acquire_many wait, not
+# only its first 16.
+# ----------------------------------------------------------------------
+
+MANY20 = ["dl:m%02d" % i for i in range(1, 21)]
+
+
+@pytest.mark.parametrize("nth", [16, 17, 20])
+def test_acquire_many_cycle_through_a_late_key(sessions, rc, table, nth):
+    """A holds the nth key of B's 20-key set and waits for B's row: B finds
+    the cycle (it was never found through the 17th key or later)."""
+    a, b, admin = sessions(), sessions(), sessions()
+    b.run(DEADLOCK_TIMEOUT)
+    key = MANY20[nth - 1]
+    a.run("BEGIN")
+    assert a.run("SELECT redis_lock_acquire(%s, xact => true) > 0", (key,))
+    b.run("BEGIN")
+    b.run(update(14))
+    b_xid = xid(b)
+    a.start(update(14))
+    wait_for_lock_wait(admin, a.pid)
+    start(b, "SELECT redis_lock_acquire_many(%s, wait => '10s')", (MANY20,))
+    assert_deadlock(b, [
+        'Process %d waits for Redis lock "%s"; blocked by process %d.' % (b.pid, key, a.pid),
+        "Process %d waits for ShareLock on transaction %d; blocked by process %d."
+        % (a.pid, b_xid, b.pid)], within=2)
+    assert rc.exists(*MANY20) == 1, "B holds none of its set"
+    b.run("ROLLBACK")
+    a.join(10)
+    assert a.error is None, a.error
+    a.run("COMMIT")
+
+
+def test_two_acquire_many_waiters_through_late_keys_one_victim(sessions, rc):
+    """A holds the 18th key of B's set and waits for its own 20-key set,
+    whose 17th key B holds; B waits for its set.  Each sees the other's
+    wait beyond its first 16 keys: exactly one fails, the other gets its
+    set once the victim's transaction-scoped lock goes."""
+    a, b = sessions(), sessions()
+    set_a = ["dl:a%02d" % i for i in range(1, 21)]
+    set_b = ["dl:b%02d" % i for i in range(1, 21)]
+    set_a[16] = "dl:held-by-b"
+    set_b[17] = "dl:held-by-a"
+    for s, mine in ((a, "dl:held-by-a"), (b, "dl:held-by-b")):
+        s.run(DEADLOCK_TIMEOUT)
+        s.run("BEGIN")
+        assert s.run("SELECT redis_lock_acquire(%s, xact => true) > 0", (mine,))
+    start(a, "SELECT redis_lock_acquire_many(%s, wait => '10s', xact => true)", (set_a,))
+    start(b, "SELECT redis_lock_acquire_many(%s, wait => '10s', xact => true)", (set_b,))
+    a.join(15)
+    b.join(15)
+    victims = [s for s in (a, b) if s.error is not None]
+    assert len(victims) == 1, "errors: %r, %r" % (a.error, b.error)
+    victim = victims[0]
+    other = b if victim is a else a
+    assert victim.error.pgcode == "40P01", victim.error
+    lines = {a.pid: 'Process %d waits for Redis lock "dl:held-by-b"; blocked by process %d.'
+             % (a.pid, b.pid),
+             b.pid: 'Process %d waits for Redis lock "dl:held-by-a"; blocked by process %d.'
+             % (b.pid, a.pid)}
+    assert victim.error.diag.message_detail == "\n".join(
+        [lines[victim.pid], lines[other.pid]])
+    assert victim.finished_at - victim.started_at < 2 * S
+    assert other.error is None and other.result is not None, other.error
+    victim.run("ROLLBACK")
+    other.run("COMMIT")
+    assert rc.exists(*(set_a + set_b)) == 0
