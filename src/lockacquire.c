@@ -49,6 +49,7 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
 	op->queue_wait_ms = e->queued_ms;
 	e->expires_at = rl_lt_doubt_horizon(lease_ms);
 	e->late_grant = true;		/* until we know: a cancel may cut it short */
+	e->lease_from = GetCurrentTimestamp();	/* a grant's lease starts later */
 	rl_lock_ops_run(op, 1, RL_RUN_HARD);
 	/* only a node that failed once our bytes may have reached it runs it late */
 	e->late_grant = op->failed > 0 && op->maybe_ran;
@@ -739,6 +740,7 @@ rl_many_sending(RLHeld *e, int64 lease_ms)
 	Assert(RL_HOLDS(e) == 0);
 	e->expires_at = rl_lt_doubt_horizon(lease_ms);
 	e->late_grant = true;		/* until we know: a cancel may cut it short */
+	e->lease_from = GetCurrentTimestamp();	/* a grant's lease starts later */
 }
 
 /* Its answer came: late_grant when a node failed after it may have run */
@@ -778,12 +780,14 @@ rl_many_give_back(RLHeld **ents, int n, bool *settled)
 /*
  * Count the grant of e: a new hold of a lock the session held (its token
  * and, under the watchdog, its lease unchanged, as a reentrant single
- * acquire), or the first hold of a new grant.
+ * acquire), or the first hold of a new grant.  sent_at: when the acquire
+ * that (re)started its lease was sent.
  */
 void
 rl_many_grant(RLHeld *e, bool held, int64 fence, int64 lease_ms,
-			  bool watchdog, RLScope scope)
+			  TimestampTz sent_at, bool watchdog, RLScope scope)
 {
+	e->lease_from = sent_at;
 	if (!held)
 	{
 		grant(e, fence, lease_ms, watchdog, scope);
