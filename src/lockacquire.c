@@ -88,7 +88,8 @@ grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 	e->watchdog = watchdog;
 	e->lost = false;
 	e->lost_reported_at = 0;
-	e->acquired_at = GetCurrentTimestamp();
+	/* as the worker counts renewals: from when the grant was sent */
+	e->acquired_at = e->lease_from != 0 ? e->lease_from : GetCurrentTimestamp();
 	rl_lt_add_hold(e, scope);
 	rl_lt_registry_sync(e, true);
 	rl_stats_add(RL_STAT_ACQUIRED, 1);
