@@ -52,6 +52,7 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
 	op->queue_wait_ms = e->queued_ms;
 	e->expires_at = rl_lt_doubt_horizon(lease_ms);
 	e->late_grant = true;		/* until we know: a cancel may cut it short */
+	e->lease_from = GetCurrentTimestamp();	/* a grant's lease starts later */
 	rl_lock_ops_run(op, 1, RL_RUN_HARD);
 	/* only a node that failed once our bytes may have reached it runs it late */
 	e->late_grant = op->failed > 0 && op->maybe_ran;
@@ -90,7 +91,8 @@ grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 	e->watchdog = watchdog;
 	e->lost = false;
 	e->lost_reported_at = 0;
-	e->acquired_at = GetCurrentTimestamp();
+	/* as the worker counts renewals: from when the grant was sent */
+	e->acquired_at = e->lease_from != 0 ? e->lease_from : GetCurrentTimestamp();
 	rl_lt_add_hold(e, scope);
 	rl_lt_registry_sync(e, true);
 	rl_stats_add(RL_STAT_ACQUIRED, 1);
@@ -807,6 +809,7 @@ rl_many_sending(RLHeld *e, int64 lease_ms)
 	Assert(RL_HOLDS(e) == 0);
 	e->expires_at = rl_lt_doubt_horizon(lease_ms);
 	e->late_grant = true;		/* until we know: a cancel may cut it short */
+	e->lease_from = GetCurrentTimestamp();	/* a grant's lease starts later */
 }
 
 /* Its answer came: late_grant when a node failed after it may have run */
@@ -846,12 +849,14 @@ rl_many_give_back(RLHeld **ents, int n, bool *settled)
 /*
  * Count the grant of e: a new hold of a lock the session held (its token
  * and, under the watchdog, its lease unchanged, as a reentrant single
- * acquire), or the first hold of a new grant.
+ * acquire), or the first hold of a new grant.  sent_at: when the acquire
+ * that (re)started its lease was sent.
  */
 void
 rl_many_grant(RLHeld *e, bool held, int64 fence, int64 lease_ms,
-			  bool watchdog, RLScope scope)
+			  TimestampTz sent_at, bool watchdog, RLScope scope)
 {
+	e->lease_from = sent_at;
 	if (!held)
 	{
 		grant(e, fence, lease_ms, watchdog, scope);

@@ -61,6 +61,7 @@ typedef struct Member
 	RLHeld	   *e;
 	bool		held;			/* the session held it before this call */
 	int64		lease_ms;		/* the lease last sent for it */
+	TimestampTz sent_at;		/* when that was sent: its lease starts later */
 	bool		sent;			/* an acquire of it was sent in this call */
 	bool		late;			/* the last one's outcome is unknown */
 	bool		stuck;			/* a grant of it could not be given back */
@@ -216,6 +217,7 @@ attempt(Many *c)
 			/* a reentrant hold renews as a single acquire's does */
 			lease[k] = (m->held && m->e->watchdog) ? m->e->lease_ms : c->lease_ms;
 			m->lease_ms = lease[k];
+			m->sent_at = GetCurrentTimestamp();
 			if (!m->held)
 			{
 				rl_many_sending(m->e, lease[k]);
@@ -636,7 +638,8 @@ rl_acquire_many(const char *const *names, int n, int64 ttl_ms, int64 wait_ms,
 	{
 		Member	   *m = &c.m[i];
 
-		rl_many_grant(m->e, m->held, m->fence, m->lease_ms, watchdog, scope);
+		rl_many_grant(m->e, m->held, m->fence, m->lease_ms, m->sent_at,
+					  watchdog, scope);
 		fences[i] = m->e->fence;
 	}
 	MemoryContextDelete(c.attempt_cxt);

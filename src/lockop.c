@@ -103,6 +103,32 @@ count_failure(RLLockOp *op, RLCall *unit, int n)
 }
 
 /*
+ * A release whose first send's reply was lost and that was sent again on
+ * a fresh connection (RLCall.resent) and found the lock not ours: did the
+ * first send delete it?  Nothing in Redis tells, but the lease does: while
+ * it surely lasts (op->ours_until, at the time this answer is in, which is
+ * after the first send), the key can only have stopped being ours by a
+ * delete -- ours, or another client's, which no answer could tell apart
+ * from ours.  Then it counts as released.  After that time the first send
+ * may have found the lease run out: not ours, as a first answer would say.
+ *
+ * Extend, verify and renew need no such reading: their first send can
+ * only restart our lease, so a repeat that finds the lock not ours finds
+ * it lost, and one that finds it ours finds it ours.
+ */
+static bool
+released_by_first_send(RLLockOp *op, RLCall *unit, int n)
+{
+	int			i;
+
+	if (op->kind != RL_OP_RELEASE || op->ours_until == 0)
+		return false;
+	for (i = 0; i < n && !unit[i].resent; i++)
+		;
+	return i < n && GetCurrentTimestamp() < op->ours_until;
+}
+
+/*
  * Count one node's answer, unit[0 .. n); a node that needs a second round
  * trip goes to follow instead.
  */
@@ -155,7 +181,10 @@ count_answer(RLLockOp *op, RLCall *unit, int n, FollowUps *follow)
 				op->yes++;
 				return;
 			case RL_FLAG_NO:
-				op->no++;
+				if (released_by_first_send(op, unit, n))
+					op->yes++;
+				else
+					op->no++;
 				return;
 			case RL_FLAG_WRONGTYPE:
 				op->no++;

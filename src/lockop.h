@@ -31,6 +31,9 @@ typedef struct RLLockOp
 	int64		queue_wait_ms;	/* redisson_fair acquire: join the queue with
 								 * this wait when busy (0: do not); dequeue:
 								 * the wait it joined with */
+	TimestampTz ours_until;		/* release: our lease surely lasts until
+								 * then, by this backend's clock (0: not
+								 * known); see count_answer */
 	/* out */
 	int			nodes;
 	int			yes;

@@ -256,7 +256,8 @@ rl_lt_registry_sync(RLHeld *e, bool refreshed)
 	st.fence = e->fence;
 	st.lease_ms = e->lease_ms;
 	st.acquired_at = e->acquired_at;
-	rl_registry_update(e->registry_slot, &st, e->names.owner, refreshed);
+	rl_registry_update(e->registry_slot, &st, e->names.owner,
+					   refreshed ? e->lease_from : 0);
 }
 
 void
@@ -617,6 +618,26 @@ rl_lt_mark_lost(RLHeld *e)
  * Operations on the entry's node(s)
  * ----------------------------------------------------------------
  */
+/*
+ * Until when e's lease surely lasts in Redis, by our clock: lease_ms from
+ * the later of the round trip that last started it (e->lease_from) and the
+ * worker's last renewal, both counted from when they were sent, less the
+ * clock-drift allowance of Redlock (1% + 2 ms).  Another client that cuts
+ * our lease short (PEXPIRE, a Redisson reader's renewal) is not foreseen.
+ * 0: not known.
+ */
+static TimestampTz
+lease_surely_until(RLHeld *e)
+{
+	TimestampTz from = e->lease_from;
+
+	if (from == 0 || e->lease_ms <= 0)
+		return 0;
+	if (e->registry_slot >= 0 && !e->handed)
+		from = Max(from, rl_registry_renewed_at(e->registry_slot));
+	return TimestampTzPlusMilliseconds(from, e->lease_ms - (e->lease_ms / 100 + 2));
+}
+
 void
 rl_lt_op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
 {
@@ -627,6 +648,9 @@ rl_lt_op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
 	op->lease_ms = lease_ms;
 	/* tokens from independent masters would not be ordered: no fencing */
 	op->fence = e->target->kind != RL_TOPO_REDLOCK;
+	/* a release sent again reads its answer by it (lockop.c) */
+	if (kind == RL_OP_RELEASE)
+		op->ours_until = lease_surely_until(e);
 }
 
 /* Raise for an op whose outcome no majority decided */
@@ -725,16 +749,26 @@ rl_lt_warn_for_all(int n)
 	return warn;
 }
 
-/* Verify a held lock with Redis and restart its lease; false if lost */
+/*
+ * Verify a held lock with Redis and restart its lease; false if lost.  Its
+ * lease then runs from when this was sent (e->lease_from); while the answer
+ * is not in, and if it never comes, that is not known (the caller may have
+ * set a longer lease_ms already).
+ */
 bool
 rl_lt_verify_and_refresh(RLHeld *e, int64 lease_ms)
 {
 	RLLockOp	op;
+	TimestampTz sent = GetCurrentTimestamp();
 
+	e->lease_from = 0;
 	rl_lt_op_init(&op, RL_OP_EXTEND, e, lease_ms);
 	rl_lock_ops_run(&op, 1, RL_RUN_HARD);
 	if (RL_OP_YES(&op))
+	{
+		e->lease_from = sent;
 		return true;
+	}
 	if (!RL_OP_NO(&op))
 		rl_raise_undecided(RL_ACTION_VERIFY, e->name, &op);
 	return false;

@@ -51,6 +51,10 @@ typedef struct RLHeld
 								 * that follows leaves it as a doubt */
 	uint64		lost_reported_at;	/* call that last warned about it */
 	TimestampTz acquired_at;
+	TimestampTz lease_from;		/* when the round trip that last started
+								 * our lease in Redis was sent: it lasts at
+								 * least lease_ms from then (or from the
+								 * worker's renewal since); 0: unknown */
 	TimestampTz expires_at;		/* doubt: nothing can exist after this */
 	int64		queued_ms;		/* redisson_fair: may be in the lock's wait
 								 * queue, joined with this wait; 0: not */
@@ -113,7 +117,7 @@ extern void rl_many_answered(RLHeld *e, bool late_grant);
 extern void rl_many_discard_lost(RLHeld *e);
 extern void rl_many_give_back(RLHeld **ents, int n, bool *settled);
 extern void rl_many_grant(RLHeld *e, bool held, int64 fence, int64 lease_ms,
-						  bool watchdog, RLScope scope);
+						  TimestampTz sent_at, bool watchdog, RLScope scope);
 extern void rl_many_forget(RLHeld *e);
 extern void rl_many_doubts_to_worker(void);
 extern void rl_many_subscribed(RLConn **subs, int n);

@@ -360,12 +360,13 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 
 /*
  * Copy a lock's state (holds, fence, lease, watchdog, lost, acquired_at) and
- * owner to its slot.  refreshed: the backend just restarted the lease in
- * Redis itself, so renewal restarts from now.
+ * owner to its slot.  refreshed_at, unless 0: the backend just restarted
+ * the lease in Redis itself, with a round trip sent then, so renewal
+ * restarts from then (as from a renewal of the worker's: when it was sent).
  */
 void
 rl_registry_update(int slot, const RLLockState *st, const char *owner,
-				   bool refreshed)
+				   TimestampTz refreshed_at)
 {
 	RLSlot	   *s;
 	int			holds = st->session_holds + st->xact_holds;
@@ -398,8 +399,8 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	s->st.fence = st->fence;
 	s->st.lease_ms = st->lease_ms;
 	strlcpy(s->owner, owner, sizeof(s->owner));
-	if (refreshed)
-		s->st.last_renewed_at = GetCurrentTimestamp();
+	if (refreshed_at != 0)
+		s->st.last_renewed_at = refreshed_at;
 	lane = rl_serving_lane(&rl_shared->targets[s->target]);
 	wake = s->st.watchdog && holds > 0 &&
 		TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms / 6) <
@@ -558,6 +559,24 @@ rl_registry_lost(int slot)
 		return false;
 	pg_read_barrier();
 	return rl_shared->slots[slot].st.lost;
+}
+
+/*
+ * When the lease of this lock was last restarted in Redis, by a round trip
+ * sent then (the worker's renewal, or the backend's own refresh).  Only our
+ * own slot.
+ */
+TimestampTz
+rl_registry_renewed_at(int slot)
+{
+	TimestampTz t;
+
+	if (rl_shared == NULL || slot < 0)
+		return 0;
+	LWLockAcquire(rl_shared->lock, LW_SHARED);
+	t = rl_shared->slots[slot].st.last_renewed_at;
+	LWLockRelease(rl_shared->lock);
+	return t;
 }
 
 /* Changes whenever the worker marks any lock lost */

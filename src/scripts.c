@@ -883,8 +883,14 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
 			int			len = rl_group_len(calls, ncalls, idx[i]);
 			int			j;
 
+			/* an earlier send that may have run is still told (resent) */
 			for (j = 0; j < len; j++)
+			{
+				bool		resent = calls[idx[i] + j].resent;
+
 				calls[idx[i] + j] = again[k++];
+				calls[idx[i] + j].resent |= resent;
+			}
 		}
 		pfree(again);
 		pfree(idx);

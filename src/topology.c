@@ -727,22 +727,33 @@ plan_retries(RLCall *calls, int ncalls, RetryState *rs, int *redirects,
 	return nredo;
 }
 
-/* Send the calls listed in redo again, in one round trip */
+/*
+ * Send the calls listed in redo again, in one round trip.  A call that
+ * failed after its bytes went out (re-routed), or whose earlier send may
+ * have run, stays marked resent (RLCall.resent): its reply is not the
+ * first send's.
+ */
 static void
 run_again(RLCall *calls, const int *redo, int nredo, int timeout)
 {
 	RLCall	   *again = palloc(sizeof(RLCall) * nredo);
+	bool	   *ran = palloc(sizeof(bool) * nredo);
 	int			i;
 
 	for (i = 0; i < nredo; i++)
+	{
 		again[i] = calls[redo[i]];
+		ran[i] = again[i].resent || (again[i].error != NULL && again[i].sent);
+	}
 	rl_run(again, nredo, RL_RUN_SOFT, timeout);
 	for (i = 0; i < nredo; i++)
 	{
 		calls[redo[i]] = again[i];
 		calls[redo[i]].asking = false;
+		calls[redo[i]].resent |= ran[i];
 	}
 	pfree(again);
+	pfree(ran);
 }
 
 /*

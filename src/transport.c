@@ -57,6 +57,8 @@ typedef struct RunConn
 	bool		asked;			/* the next call's ASKING reply was consumed */
 	bool		probing;		/* the handshake's last command is the probe */
 	bool		owed_retried;	/* sent again once: owed replies were overdue */
+	bool		resent;			/* sent again after bytes of the first send
+								 * went out (RLCall.resent) */
 	bool		failed;
 	RLFailure	failure;
 	char	   *reason;			/* detail of the failure */
@@ -562,7 +564,11 @@ queue_run(RunConn *rc, TimestampTz now)
  * restarted, CLIENT KILL, idle timeout).  When it fails with an I/O error
  * before giving any reply, try once more on a fresh connection.  Callers
  * only send commands that are safe to repeat (our scripts are idempotent
- * for a given token).
+ * for a given token), but a repeat does not answer as the first would
+ * have: a compare-and-delete whose first send ran finds nothing of ours.
+ * So the calls are marked resent when bytes of the first send went out
+ * (the connection may have died after Redis ran them, with the reply on
+ * its way), for the layer above to read their answers accordingly.
  */
 static bool
 retry_stale(RunConn *rc, TimestampTz now)
@@ -570,6 +576,7 @@ retry_stale(RunConn *rc, TimestampTz now)
 	if (!rc->reused || rc->next > 0 ||
 		(rc->failure != RL_FAIL_SEND && rc->failure != RL_FAIL_RECEIVE))
 		return false;
+	rc->resent = rc->wrote;
 	queue_run(rc, now);
 	rc->reused = false;
 	if (!rc->failed && !rc->connecting)
@@ -675,6 +682,7 @@ group_by_connection(RLCall *calls, int ncalls, int timeout_ms, int *nruns)
 
 		call->reply = NULL;
 		call->sent = false;
+		call->resent = false;
 		if (call->conn == NULL)
 		{
 			/* no node to send it to (topology unknown): error preset */
@@ -824,6 +832,8 @@ pending_sockets(RunConn *runs, int nruns, SockWait *sw, TimestampTz now)
 									  rl_format_ms(rc->conn->owed[0].timeout_ms)));
 			rl_conn_close(rc->conn);
 			rc->owed_retried = true;
+			/* ours may have been written behind them, and run */
+			rc->resent = rc->resent || rc->wrote;
 			queue_run(rc, now);
 			if (rc->failed)
 				continue;
@@ -962,6 +972,7 @@ settle_runs(RunConn *runs, int nruns)
 			RLCall	   *call = rc->sinks[j];
 
 			call->sent = rc->wrote || call->reply != NULL;
+			call->resent = rc->resent;
 			if (rc->failed && call->reply == NULL)
 				rl_call_fail(call, rc->failure, rc->errcode, rc->reason);
 		}

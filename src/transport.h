@@ -92,6 +92,10 @@ typedef struct RLCall
 	int			sqlstate;		/* ERRCODE_* of that failure */
 	bool		sent;			/* some bytes reached the socket: on failure
 								 * the outcome is unknown, else it is "not run" */
+	bool		resent;			/* sent again on a fresh connection after
+								 * bytes of a first send went out and its
+								 * reply was lost: the reply is the second
+								 * send's, and the first may have run too */
 	bool		owed;			/* sent by rl_send, its reply not yet in */
 } RLCall;
 

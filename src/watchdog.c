@@ -523,18 +523,22 @@ renewal_period(RLSlot *s)
 }
 
 /*
- * A renewal found less of the lease left than our last renewal left it
- * (allowing for the round trip and the clocks): another client cut it
- * short.  A Redisson reader's renewal sets every reader's timeout key to its
- * own lockWatchdogTimeout, and does so again every third of it: from now on
- * this lock is renewed every third of what was found, so a cut is always
- * restored before it runs out.  Caller holds the registry lock.
+ * A renewal found less of the lease left than our last renewal can have
+ * left it (allowing for the clocks): another client cut it short.  Redis
+ * ran our last renewal no earlier than it was sent (last_renewed_at) and
+ * this one no later than its answer came (answered), so at most the time
+ * between those two had passed: a slow round trip, which delays when Redis
+ * runs a renewal, is not taken for a cut.  A Redisson reader's renewal sets
+ * every reader's timeout key to its own lockWatchdogTimeout, and does so
+ * again every third of it: from now on this lock is renewed every third of
+ * what was found, so a cut is always restored before it runs out.  Caller
+ * holds the registry lock.
  */
 static void
-note_cut_lease(RLSlot *s, Job *j, RLLockOp *op, TimestampTz sent)
+note_cut_lease(RLSlot *s, Job *j, RLLockOp *op, TimestampTz answered)
 {
 	int64		found = rl_op_found_ttl(op);
-	int64		left = j->lease_ms - (int64) ((sent - s->st.last_renewed_at) / 1000);
+	int64		left = j->lease_ms - (int64) ((answered - s->st.last_renewed_at) / 1000);
 	int64		every;
 
 	if (found < 0 || found >= left - Max(50, j->lease_ms / 20))
@@ -604,18 +608,18 @@ build_round_ops(Job *jobs, int n, RLTarget *t)
 
 /*
  * Apply a renewal's outcome f (1 renewed, 0 not ours, -1 unknown) sent at
- * sent.  Caller holds the registry's lock.
+ * sent, its answer in by now.  Caller holds the registry's lock.
  */
 static void
 apply_renewal(Job *j, RLSlot *s, RLLockOp *op, int f, TimestampTz sent,
-			  PassStats *ps)
+			  TimestampTz now, PassStats *ps)
 {
 	/* released meanwhile (perhaps with its outcome unknown) */
 	if (s->state != SLOT_HELD)
 		return;
 	if (f == 1)
 	{
-		note_cut_lease(s, j, op, sent);
+		note_cut_lease(s, j, op, now);
 		s->st.last_renewed_at = sent;
 		rl_stats_add(RL_STAT_RENEWALS, 1);
 		ps->renewed++;
@@ -734,7 +738,7 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 		else if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
 			note_outcome(j, f < 0, now);
 		if (j->kind == JOB_RENEW)
-			apply_renewal(j, s, op, f, sent, ps);
+			apply_renewal(j, s, op, f, sent, now, ps);
 		else
 			apply_release(j, op, f, refused[k], now, ps);
 	}

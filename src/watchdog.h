@@ -64,7 +64,7 @@ extern void rl_watchdog_init(void);
 extern int	rl_registry_add(const char *name, const RLLockNames *names,
 							RLTarget *target, int64 lease_ms);
 extern void rl_registry_update(int slot, const RLLockState *st, const char *owner,
-							   bool refreshed);
+							   TimestampTz refreshed_at);
 extern void rl_registry_remove(int slot);
 extern uint32 rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 								   TimestampTz not_before);
@@ -73,6 +73,7 @@ extern bool rl_registry_handed(int slot, uint32 generation);
 extern uint32 rl_registry_settled_events(void);
 extern void rl_registry_wait_idle(int slot);
 extern bool rl_registry_lost(int slot);
+extern TimestampTz rl_registry_renewed_at(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
 extern uint64 rl_registry_key_id(const char *target_spec, const char *key);

@@ -616,6 +616,132 @@ def test_exit_does_not_wait_for_the_workers_release_under_way():
         redis.stop()
 
 
+# ================================================================ a reply lost, the command sent again
+
+@pytest.fixture(scope="module")
+def resend_env():
+    """One Redis behind a proxy that can drop a reply and reset the
+    connection it was for; command_timeout is long, so the reset (not a
+    timeout) ends the wait for that reply however loaded the machine."""
+    class Env:
+        pass
+    env = Env()
+    env.redis = testbed.Redis().start()
+    env.proxy = testbed.DelayProxy(env.redis.port, 0.0).start()
+    env.pg = fresh_pg(**{"redis_lock.url": env.proxy.url,
+                         "redis_lock.command_timeout": "10s"})
+    yield env
+    env.pg.cleanup()
+    env.proxy.stop()
+    env.redis.stop()
+
+
+RESENT = {
+    # what: (take it, seconds to hold it, give it back, what that returns)
+    "release": ("SELECT redis_lock_acquire('rs', ttl => '30s') > 0", 0,
+                "SELECT redis_lock_release('rs')", True),
+    "release_read": ("SELECT redis_lock_acquire_read('rs', ttl => '30s') IS NOT NULL", 0,
+                     "SELECT redis_lock_release_read('rs')", True),
+    "release_write": ("SELECT redis_lock_acquire_write('rs', ttl => '30s') IS NOT NULL", 0,
+                      "SELECT redis_lock_release_write('rs')", True),
+    "release_many": ("SELECT redis_lock_acquire_many(ARRAY['rs', 'rs2'], ttl => '30s') IS NOT NULL", 0,
+                     "SELECT redis_lock_release_many(ARRAY['rs', 'rs2'])", 2),
+    # held past its first lease (1.5 s), which the worker renewed
+    "release-watchdog": ("SELECT redis_lock_acquire('rs') > 0", 2.5,
+                         "SELECT redis_lock_release('rs')", True),
+}
+
+
+def lose_reply_and_resend(env, s, rc, sql, done):
+    """Run sql with every reply held in the proxy; once Redis has run it
+    (done() is true), reset the connection: the reply is lost and the
+    command goes again on a fresh connection.  Returns what sql returned."""
+    env.proxy.held = True
+    try:
+        s.start(sql)
+        testbed.wait_until(done, 10 * S, 0.005, what="Redis to run it")
+        assert env.proxy.reset_clients() >= 1
+    finally:
+        env.proxy.held = False
+    s.join(20)
+    assert s.error is None, s.error
+    return s.result
+
+
+@pytest.mark.parametrize("what", list(RESENT))
+def test_a_release_sent_again_after_its_reply_was_lost_is_released(resend_env, what):
+    """Issue 33 item 10: a lock taken with a 30 s ttl (or renewed by the
+    worker past its first lease) is given back; Redis deletes it, but the
+    reply is lost with the connection (the proxy resets it), so the
+    release is sent again on a fresh connection and finds nothing of ours.
+    The first send deleted it: released, true (2 for release_many), no
+    WARNING that it was lost.  (Before: false and 'Redis lock "rs" was
+    lost', every time.)"""
+    env = resend_env
+    rc = env.redis.client()
+    rc.flushall()
+    s = Session(env.pg)
+    take, hold, give, released = RESENT[what]
+    try:
+        assert s.run(take)
+        time.sleep(hold)
+        assert rc.exists("rs")
+        del s.conn.notices[:]
+        out = lose_reply_and_resend(env, s, rc, give,
+                                    lambda: not rc.exists("rs") and not rc.exists("rs2"))
+        print("\n%s returned %r, notices %r" % (what, out, s.conn.notices))
+        assert not [n for n in s.conn.notices if "lost" in n], s.conn.notices
+        assert out == released
+        assert not rc.exists("rs") and not rc.exists("rs2")
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        check_after(env, s, ["rs", "rs2"], rc)
+    finally:
+        s.close()
+
+
+def test_an_extend_sent_again_after_its_reply_was_lost_keeps_the_lock(resend_env):
+    """The same lost reply for redis_lock_extend (a guard: the extend's
+    first send can only restart our lease, so its repeat finds the lock
+    ours, as the first would have): true, no WARNING, the new lease set."""
+    env = resend_env
+    rc = env.redis.client()
+    rc.flushall()
+    s = Session(env.pg)
+    try:
+        assert s.run("SELECT redis_lock_acquire('rs', ttl => '30s') > 0")
+        del s.conn.notices[:]
+        out = lose_reply_and_resend(env, s, rc, "SELECT redis_lock_extend('rs', '90s')",
+                                    lambda: rc.pttl("rs") > 60000)
+        assert out is True and not s.conn.notices, (out, s.conn.notices)
+        assert rc.pttl("rs") > 60000
+        assert s.run("SELECT count(*) FROM redis_lock_held() WHERE NOT lost") == 1
+        assert s.run("SELECT redis_lock_release('rs')") is True
+    finally:
+        s.close()
+
+
+def test_a_release_sent_again_after_the_lease_ran_out_is_still_lost(resend_env):
+    """The other side of item 10 (a guard that passes before and after the
+    fix): a lock whose 300 ms lease ran out before it was given back is
+    lost, and a release sent again after its reply was lost says so too,
+    as its first answer would have."""
+    env = resend_env
+    rc = env.redis.client()
+    rc.flushall()
+    s = Session(env.pg)
+    try:
+        assert s.run("SELECT redis_lock_acquire('rs', ttl => '300ms') > 0")
+        testbed.wait_until(lambda: not rc.exists("rs"), 5, 0.01, what="the lease to run out")
+        del s.conn.notices[:]
+        before = env.proxy.chunks_in
+        out = lose_reply_and_resend(env, s, rc, "SELECT redis_lock_release('rs')",
+                                    lambda: env.proxy.chunks_in > before)
+        assert out is False
+        assert [n for n in s.conn.notices if 'Redis lock "rs" was lost' in n], s.conn.notices
+    finally:
+        s.close()
+
+
 # ================================================================ Sentinel down
 
 @pytest.fixture(scope="module")

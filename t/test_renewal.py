@@ -7,12 +7,18 @@ src/scripts.c).  What each test would catch:
 - a SQL read hold lost while the session believes it holds it, because a
   Redisson reader's renewal set every reader's timeout key (3.52) or the
   hash (4.7) to Redisson's shorter lockWatchdogTimeout, letting a Redisson
-  writer in — with the real Redisson 3.52.0 and 4.7.0.
+  writer in — with the real Redisson 3.52.0 and 4.7.0;
+- a slow round trip taken for another client's cut (issue 33 item 11): a
+  renewal's PTTL compared with what the lease was when it was *sent*, not
+  when Redis ran it, so 250 ms of delay made the worker log "cut to" and
+  renew ~3x as often for the rest of the lock's life; and, still, the
+  real cut of a redis-py PEXPIRE noticed.
 """
 import time
 
 import pytest
 
+from conftest import Session
 from peers import JavaPeer, REDISSON_LINES
 import testbed
 from testbed import TIME_SCALE as S
@@ -129,3 +135,97 @@ def test_a_sql_read_hold_survives_a_redisson_reader_with_a_shorter_watchdog(
 
 def peer_port(rc):
     return rc.connection_pool.connection_kwargs["port"]
+
+
+# ======================================================== item 11: slow round trips
+
+def renewal_gaps(admin, name, seconds):
+    """When the worker renewed name (redis_lock_locks.last_renewed_at,
+    the time each renewal was sent), watched for that long: the gaps in ms."""
+    seen = []
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end:
+        at = testbed.sql_one(admin, "SELECT extract(epoch FROM last_renewed_at) * 1000 "
+                             "FROM redis_lock_locks WHERE lock_name = %s", (name,))
+        if at is not None and (not seen or float(at) != seen[-1]):
+            seen.append(float(at))
+        time.sleep(0.01)
+    return [b - a for a, b in zip(seen, seen[1:])]
+
+
+@pytest.fixture
+def slow_link(redis_srv):
+    """A PostgreSQL of its own reaching Redis through a proxy whose delay
+    a test can raise, with a 2 s lease (renewed every 667 ms)."""
+    proxy = testbed.DelayProxy(redis_srv.port, 0.0).start()
+    pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
+                                "redis_lock.lease_time": "2s"}).init().start()
+    pg.with_extension()
+    yield proxy, pg
+    proxy.delay = 0.0
+    pg.cleanup()
+    proxy.stop()
+
+
+def test_a_slow_round_trip_is_not_taken_for_a_cut_lease(slow_link, rc):
+    """Issue 33 item 11: 250 ms of delay each way for 2 s, no other client
+    near the lock.  A renewal then runs in Redis 250 ms after it was sent,
+    and finds 250 ms less left than the lease had when it was sent: that is
+    the round trip, not a cut.  No "cut to" LOG line, and once the delay is
+    gone the lock is renewed every lease/3 again (each renewal sent at most
+    lease/6 ahead), not every third of what a slow renewal found.  (Before:
+    "cut to 1083 ms by another client; renewing it every 361 ms", and
+    renewals about every 300 ms from then on.)"""
+    proxy, pg = slow_link
+    s = Session(pg)
+    admin = pg.connect()
+    try:
+        assert s.run("SELECT redis_lock_acquire('slow') > 0")
+        since = len(pg.log_text())
+        proxy.delay = 0.25
+        time.sleep(2.0)
+        proxy.delay = 0.0
+        # the lookahead remembers the slow rounds for 16 renewals (a few s)
+        time.sleep(6.0)
+        gaps = renewal_gaps(admin, "slow", 4.0)
+        log = pg.log_text()[since:]
+        cut = [ln for ln in log.splitlines() if "cut to" in ln]
+        mean = sum(gaps) / len(gaps) if gaps else 0
+        print("\nrenewal gaps after the delay: %s ms (mean %.0f); %s"
+              % ([round(g) for g in gaps], mean, cut or "no cut logged"))
+        assert not cut, cut
+        assert len(gaps) >= 3, gaps
+        # every lease/3 (667 ms), each sent up to lease/6 ahead (more on a
+        # loaded machine): never further apart than the period, so more
+        # than 400 ms is not the third of a cut a slow renewal would find
+        # (< 1200 ms)
+        assert mean > 400, gaps
+        assert rc.exists("slow")
+        assert s.run("SELECT count(*) FROM redis_lock_held() WHERE NOT lost") == 1
+    finally:
+        proxy.delay = 0.0
+        admin.close()
+        s.close()
+
+
+def test_a_lease_cut_by_another_client_is_still_noticed(sessions, rc, pg):
+    """The guard of item 11's fix (passes before and after it): a redis-py
+    client cuts a 3 s lease (renewed every 1 s) to 1.5 s just after a
+    renewal; the next renewal finds less than the round trip can explain,
+    logs "cut to" and renews every third of what it found from then on.
+    The lock survives."""
+    s = sessions()
+    s.run("SET redis_lock.lease_time = '3s'")
+    assert s.run("SELECT redis_lock_acquire('cutx') > 0")
+    since = len(pg.log_text())
+    testbed.wait_until(lambda: rc.pttl("cutx") > 2900, 5, 0.005, what="a renewal")
+    rc.pexpire("cutx", 1500)
+    testbed.wait_until(lambda: "cut to" in pg.log_text()[since:], 5 * S, 0.05,
+                       what="the worker to notice the cut")
+    line = [ln for ln in pg.log_text()[since:].splitlines() if "cut to" in ln][0]
+    print("\n" + line)
+    assert '"cutx" cut to' in line
+    time.sleep(2.0)          # the cut (1.5 s) would have run out
+    assert rc.exists("cutx")
+    assert s.run("SELECT count(*) FROM redis_lock_held() WHERE NOT lost") == 1
+    assert s.run("SELECT redis_lock_release('cutx')")

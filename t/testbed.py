@@ -443,7 +443,9 @@ class DelayProxy:
     round trip from many sequential ones by elapsed time alone.  While
     `held` is true, what Redis sends is kept back (past its delay) until it
     is false again: a reply that must not arrive before the test has done
-    something stays in flight however slow the machine."""
+    something stays in flight however slow the machine.  reset_clients()
+    resets every client connection at once (RST), dropping what Redis sent
+    that the proxy still holds: a reply lost after its command ran."""
 
     def __init__(self, target_port, delay_s):
         import asyncio
@@ -455,12 +457,13 @@ class DelayProxy:
         # deliver what a client sent even after it reset the connection (a
         # command still on the network when its sender gave up on it)
         self.deliver_after_reset = False
+        self.conns = []             # [client writer, server writer, reset?]
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    async def _pipe(self, reader, writer, replies=False):
+    async def _pipe(self, reader, writer, replies=False, conn=None):
         # a delay line: each chunk goes out `delay` after it came in, however
         # many follow it (sleeping per chunk in turn would add the delay once
         # per chunk, so a reply split in two would cost two round trips)
@@ -475,8 +478,10 @@ class DelayProxy:
                 wait = due - loop.time()
                 if wait > 0:
                     await self.asyncio.sleep(wait)
-                while replies and self.held:
+                while replies and self.held and not (conn is not None and conn[2]):
                     await self.asyncio.sleep(0.002)
+                if conn is not None and conn[2]:
+                    return          # reset: what was held is dropped
                 writer.write(data)
                 await writer.drain()
         sender = loop.create_task(deliver())
@@ -507,7 +512,36 @@ class DelayProxy:
         except OSError:
             cwriter.close()
             return
-        await self.asyncio.gather(self._pipe(creader, swriter), self._pipe(sreader, cwriter, replies=True))
+        conn = [cwriter, swriter, False]
+        self.conns.append(conn)
+        try:
+            await self.asyncio.gather(self._pipe(creader, swriter, conn=conn),
+                                      self._pipe(sreader, cwriter, replies=True, conn=conn))
+        finally:
+            self.conns.remove(conn)
+
+    def reset_clients(self):
+        """Reset every client connection now, with an RST: replies the
+        proxy holds or delays are never delivered.  Returns how many."""
+        import struct
+        done = threading.Event()
+        count = []
+
+        def reset():
+            for conn in list(self.conns):
+                if conn[2]:
+                    continue
+                conn[2] = True
+                sock = conn[0].get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn[0].transport.abort()
+                conn[1].close()
+                count.append(conn)
+            done.set()
+        self.loop.call_soon_threadsafe(reset)
+        done.wait(10)
+        return len(count)
 
     def _run(self):
         self.asyncio.set_event_loop(self.loop)
