@@ -276,6 +276,7 @@ def cluster():
 def test_cluster_locks_spread_over_slots(cluster):
     nodes, pg = cluster
     a = Session(pg)
+    a.run("SET redis_lock.max_locks_per_session = 300")   # the default is 128
     assert a.run("SELECT count(redis_lock_acquire('c-' || g, ttl => '60s')) "
                  "FROM generate_series(1, 300) g") == 300
     per_node = [len(n.client().keys("c-*")) for n in nodes]
