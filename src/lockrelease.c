@@ -115,13 +115,20 @@ release_one(RLLockMode mode, const char *name, bool nowait)
 }
 
 /*
- * Drop one session hold on name without raising and without being
- * interrupted; used on the error path of redis_lock_with_lock.
+ * Drop one session hold on name without raising; used on the error path of
+ * redis_lock_with_lock, as an abort releases (end_of_xact): the release is
+ * sent without waiting for its answer, which the next call reads; one that
+ * cannot go at once goes to the worker with preloading.  Waiting for the
+ * answer here, with interrupts held, held off for up to command_timeout the
+ * very cancel or statement_timeout that stopped the query: served already,
+ * nothing pending was left to cut the wait short.  Without preloading a
+ * release that cannot be sent at once is still made here, bounded.
  */
 void
 rl_release_one_error_safe(const char *name)
 {
 	RLHeld	   *e;
+	int			n;
 
 	e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
 	if (e == NULL || e->session_holds == 0)
@@ -133,8 +140,9 @@ rl_release_one_error_safe(const char *name)
 		return;
 	}
 	rl_lt_became_doubt(e);
-	/* (waited for: an error path, where a round trip more costs nothing) */
-	rl_lt_release_soft(&e, 1, rl_lt_warn_for_all(1), false);
+	n = rl_lt_release_later(&e, 1);
+	n = rl_lt_hand_unsent_to_worker(&e, n);
+	rl_lt_release_soft(&e, n, rl_lt_warn_for_all(n), false);
 }
 
 /*

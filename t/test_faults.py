@@ -87,6 +87,49 @@ def test_acquire_with_unknown_outcome_is_not_believed_and_is_cleaned_up(own_redi
         pg.cleanup()
 
 
+@pytest.mark.parametrize("how", ["cancel", "statement_timeout"])
+def test_with_lock_stopped_by_a_cancel_returns_at_once_with_redis_frozen(own_redis, own_pg, how):
+    """Issue 33, item 2: a cancel or statement_timeout stops the query of
+    redis_lock_with_lock while Redis is frozen.  Its release is sent without
+    waiting for the answer, as an abort's is: the statement ends with 57014
+    at once, not after command_timeout (8 s here), which the release's wait,
+    interrupts held and the cancel already served, used to take.  The next
+    call reads the answer once Redis is back: the lock is gone and not
+    believed held."""
+    rc = own_redis.client()
+    s = Session(own_pg)
+    admin = own_pg.connect()
+    try:
+        s.run("SET redis_lock.command_timeout = '8s'")
+        if how == "statement_timeout":
+            s.run("SET statement_timeout = '2s'")
+        s.start("SELECT redis_lock_with_lock('wl-frozen', 'SELECT pg_sleep(30)', ttl => '60s')")
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+            (s.pid,)), 10, 0.005, what="with_lock's query to run")
+        t_query = time.monotonic()
+        own_redis.pause()
+        try:
+            if how == "cancel":
+                testbed.sql_one(admin, "SELECT pg_cancel_backend(%s)", (s.pid,))
+                s.join(30)
+                took = s.finished_at - t_query
+            else:
+                s.join(30)
+                took = s.finished_at - t_query - 2.0    # at most: the timeout fired then
+            assert isinstance(s.error, psycopg2.errors.QueryCanceled), s.error
+            assert took < 1.0 * S, "%s took %.2fs to end the statement" % (how, took)
+        finally:
+            own_redis.resume()
+        s.run("RESET statement_timeout")
+        assert s.run("SELECT count(*) FROM redis_lock_held()") == 0
+        testbed.wait_until(lambda: rc.exists("wl-frozen") == 0, 10,
+                           what="the release read once Redis answers")
+    finally:
+        admin.close()
+        s.close()
+
+
 def test_rollback_to_savepoint_with_redis_frozen_warns_and_is_bounded(own_redis, own_pg):
     """The release at ROLLBACK TO SAVEPOINT is sent without waiting for its
     reply; when none comes within the command timeout, the next call warns
