@@ -226,6 +226,8 @@ volatile sig_atomic_t InterruptPending = false;
 volatile uint32 InterruptHoldoffCount = 0;
 volatile uint32 CritSectionCount = 0;
 char	   *GUC_check_errdetail_string = NULL;
+char	   *GUC_check_errmsg_string = NULL;
+char	   *GUC_check_errhint_string = NULL;
 bool		process_shared_preload_libraries_in_progress = false;
 
 static int	cur_elevel;
@@ -275,6 +277,7 @@ errmsg(const char *fmt,...)
 }
 
 int errcode(int sqlerrcode) { return 0; }
+int errcode_for_file_access(void) { return 0; }
 int errdetail(const char *fmt,...) { return 0; }
 int errhint(const char *fmt,...) { return 0; }
 int errdetail_internal(const char *fmt,...) { return 0; }
@@ -356,3 +359,22 @@ void rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *reason) {
 char *rl_call_problem(const RLCall *call) { abort(); }
 void rl_raise_call_error(RLCall *call) { abort(); }
 bool rl_reply_is_error(RLReply *r, const char *prefix) { abort(); }
+
+/*
+ * The password file (settings.c, rl_password_file_lookup): the harnesses
+ * never name one, so opening it is never reached; these only link.
+ */
+int OpenTransientFile(const char *fileName, int fileFlags) { errno = ENOENT; return -1; }
+int CloseTransientFile(int fd) { return 0; }
+
+int
+pg_strcasecmp(const char *s1, const char *s2)
+{
+	return strcasecmp(s1, s2);
+}
+
+/*
+ * redis_lock.max_locks, which the reply limits of stream.c scale with, for
+ * the harnesses that do not compile settings.c (weak: settings.c's wins)
+ */
+__attribute__((weak)) int rl_max_locks = 1024;
