@@ -78,6 +78,7 @@
 #include "datatype/timestamp.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "storage/ipc.h"
 #include "utils/timestamp.h"
 
 /* Longest lock name accepted, in bytes (doc/reference.md, "Functions") */
@@ -123,22 +124,26 @@
 #define RL_VERSION			"1.4"
 
 /*
- * How much longer a wait made with interrupts held (releases at COMMIT,
- * ABORT, exit, on error paths) may go on once a cancel or terminate is
- * pending: for the name's resolution, the connect and again for the reply,
- * so either ends any call within about a second whatever
- * redis_lock.connect_timeout and command_timeout say.
+ * The longest any wait for Redis may last while interrupts are held (on the
+ * paths that must not fail: COMMIT, ABORT, ROLLBACK TO SAVEPOINT, error
+ * paths, DISCARD), counted from its start, whatever
+ * redis_lock.connect_timeout and command_timeout say: a cancel or terminate
+ * that comes meanwhile, or the one already served that caused the abort,
+ * is held off no longer.  With preloading those paths do not wait at all
+ * (their work goes to the watchdog worker); without it, this bounds them.
+ * Backend exit has its own bound (lockxact.c).
  */
 #define RL_HELD_WAIT_CUT_MS 300
 
 /*
- * A cancel or terminate came while interrupts are held: it is served once
- * they are resumed, so the wait must not hold it off for long.
+ * Must a wait for Redis that begins now end within RL_HELD_WAIT_CUT_MS?
+ * Whenever interrupts are held, except during backend exit, whose waits are
+ * bounded by the exit's own timeouts.
  */
 static inline bool
-rl_held_wait_interrupted(void)
+rl_held_wait_bounded(void)
 {
-	return InterruptHoldoffCount > 0 && (QueryCancelPending || ProcDiePending);
+	return InterruptHoldoffCount > 0 && !proc_exit_inprogress;
 }
 
 /*

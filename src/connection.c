@@ -95,6 +95,35 @@ rl_sock_add(SockWait *sw, pgsocket fd, uint32 events, int owner)
 }
 
 /*
+ * Where the wait being made was asked for, and whether the watchdog worker
+ * could take the work of a path that holds interrupts (set in a backend of
+ * a preloaded server).  See rl_assert_may_wait.
+ */
+const char *rl_wait_site = NULL;
+bool		rl_held_work_to_worker = false;
+
+/*
+ * No path waits for Redis (a reply, or the worker's command) with
+ * interrupts held where the worker could take the work: a cancel or
+ * terminate, pending or already served, would be held off for the wait.
+ * Backend exit is the exception (one bound for all of it, lockxact.c);
+ * without preloading such waits are cut to RL_HELD_WAIT_CUT_MS
+ * (rl_held_wait_bounded).  In assert-enabled builds a breach stops the
+ * server naming the call site, so that a new one is found by any test that
+ * passes there; in others it is only bounded.
+ */
+void
+rl_assert_may_wait(const char *what)
+{
+#ifdef USE_ASSERT_CHECKING
+	if (InterruptHoldoffCount > 0 && !proc_exit_inprogress &&
+		rl_held_work_to_worker)
+		elog(PANIC, "redis_lock: %s with interrupts held, called from %s",
+			 what, rl_wait_site != NULL ? rl_wait_site : "(unknown)");
+#endif
+}
+
+/*
  * Wait until one of the sockets is ready for what it asks, the latch is set
  * or the timeout passes; pg_stat_activity shows the wait event of kind.
  * Fills sw->ready / sw->ready_ev and returns sw->nready; -1 when the

@@ -459,7 +459,7 @@ follow_up_round(FollowUps *f, TimestampTz start)
  * either way: hold them where that matters.
  */
 void
-rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode)
+(rl_lock_ops_run) (RLLockOp *ops, int nops, RLRunMode mode)
 {
 	RLCall	   *calls;
 	bool	   *unrouted;
@@ -496,7 +496,8 @@ rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode)
 }
 
 /*
- * Send ops (releases: nothing depends on their answers now) without
+ * Send ops (releases, fair-queue leaves: nothing depends on their answers
+ * now) without
  * waiting for the answers; sent[i] tells which went.  An op goes only when
  * its nodes are known, each node's connection can take it at once (open
  * and in step, see rl_conn_ready_to_send) and, script-free, each node's
@@ -528,7 +529,7 @@ rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
 	{
 		RLLockOp   *op = &ops[i];
 
-		Assert(op->kind == RL_OP_RELEASE);
+		Assert(op->kind == RL_OP_RELEASE || op->kind == RL_OP_DEQUEUE);
 		op->unit_calls = rl_unit_calls(op->kind, op->names, op->fence);
 		op->stride = op->unit_calls;
 		op->goes_again = false;
@@ -771,7 +772,7 @@ count_many_answer(RLManyOp *op, RLCall *call)
  * cannot be learnt raises.  Interrupts raise either way.
  */
 void
-rl_many_op_run(RLManyOp *op, RLRunMode mode)
+(rl_many_op_run) (RLManyOp *op, RLRunMode mode)
 {
 	RLConn	   *conns[RL_MAX_NODES];
 	const RLLockNames *first = op->names[0];

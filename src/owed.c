@@ -129,7 +129,7 @@ rl_finish_owed(RLConn *conn, bool every)
 		TimestampTz now = GetCurrentTimestamp();
 		TimestampTz deadline = conn->owed[0].deadline;
 
-		if (cut_at == 0 && rl_held_wait_interrupted())
+		if (cut_at == 0 && rl_held_wait_bounded())
 			cut_at = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
 		if (cut_at != 0)
 			deadline = Min(deadline, cut_at);
@@ -189,8 +189,8 @@ rl_conn_ready_to_send(RLConn *conn)
  * or failure is recorded in it; the calls must live in rl_owed_context()
  * until then.  Only the writes are waited for (they usually go at once),
  * through the latch and within timeout_ms, which also bounds how long each
- * reply may take.  With interrupts held (COMMIT, ABORT), a cancel or
- * terminate cuts the wait to RL_HELD_WAIT_CUT_MS; otherwise it raises, and
+ * reply may take.  With interrupts held (COMMIT, ABORT) the wait is cut to
+ * RL_HELD_WAIT_CUT_MS (rl_held_wait_bounded); otherwise a cancel raises, and
  * the connection, left with bytes unsent, is closed at its next use (its
  * owed calls fail).  Never raises for a network failure: a connection that
  * fails closes, failing what it owes.
@@ -274,7 +274,7 @@ rl_send(RLCall **calls, int ncalls, int timeout_ms)
 		if (sw.nsock == 0)
 			break;
 		now = GetCurrentTimestamp();
-		if (!cut && rl_held_wait_interrupted())
+		if (!cut && rl_held_wait_bounded())
 		{
 			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
 			cut = true;
@@ -335,15 +335,20 @@ rl_poll_owed(void)
 /*
  * Wait up to timeout_ms (and no longer than each reply's own deadline) for
  * every owed reply; what has not come by then fails, its connection closed.
- * Through the latch: interrupts raise unless held, and a cancel or
- * terminate while they are held cuts the wait to RL_HELD_WAIT_CUT_MS.
+ * Through the latch: interrupts raise unless held; while they are held the
+ * wait is cut to RL_HELD_WAIT_CUT_MS (rl_held_wait_bounded).  site
+ * names the caller (rl_wait_owed).
  */
 void
-rl_wait_owed(int timeout_ms)
+rl_wait_owed_at(int timeout_ms, const char *site)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													   timeout_ms);
 	bool		cut = false;
+
+	rl_wait_site = site;
+	if (timeout_ms > 0 && rl_total_owed > 0)
+		rl_assert_may_wait("a wait for replies owed");
 
 	for (;;)
 	{
@@ -358,7 +363,7 @@ rl_wait_owed(int timeout_ms)
 		if (rl_total_owed == 0)
 			return;
 		now = GetCurrentTimestamp();
-		if (!cut && rl_held_wait_interrupted())
+		if (!cut && rl_held_wait_bounded())
 		{
 			deadline = Min(deadline, TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS));
 			cut = true;

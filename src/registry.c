@@ -116,6 +116,8 @@ redis_lock_registry_shmem_startup(void)
 			freelist[i] = registry_capacity - 1 - i;
 	}
 	LWLockRelease(AddinShmemInitLock);
+	/* backends hand what they may not wait for to the worker */
+	rl_held_work_to_worker = true;
 }
 
 /* Is the shared registry there (loaded through shared_preload_libraries)? */
@@ -470,7 +472,9 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 /*
  * Wait until the worker has no command for slot under way (it sends at most
  * a command_timeout's worth).  Caller holds the registry lock exclusively;
- * returns with it held.  Cancel and terminate end the wait.
+ * returns with it held.  Cancel and terminate end the wait: never called
+ * with interrupts held other than by that lock (callers check,
+ * rl_assert_may_wait, before they take it).
  */
 static void
 wait_out_worker(RLSlot *s)
@@ -489,23 +493,36 @@ wait_out_worker(RLSlot *s)
 /*
  * Take back a slot handed to the worker, before acting on its lock again
  * (the same owner would otherwise race the worker's release).  Returns
- * false when the worker has settled it already (the slot is no longer
- * ours); true when it is ours again, reserved, with no command of the
- * worker's under way.
+ * RL_RECLAIMED when it is ours again, reserved, with no command of the
+ * worker's under way; RL_RECLAIM_SETTLED when the worker has settled it
+ * already (the slot is no longer ours).  A command of the worker's under way
+ * is waited out, interruptibly; with interrupts held it is not (a cancel
+ * would be held off for the worker's command_timeout): the slot stays the
+ * worker's and RL_RECLAIM_BUSY says so.
  */
-bool
+RLReclaim
 rl_registry_reclaim(int slot, uint32 generation)
 {
 	RLSlot	   *s;
 	bool		ours;
+	bool		held;
 
 	if (rl_shared == NULL || slot < 0)
-		return false;
+		return RL_RECLAIM_SETTLED;
 	s = &rl_shared->slots[slot];
+	/* (the lock holds interrupts: whether the caller does is seen first) */
+	held = InterruptHoldoffCount > 0;
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	/* a release under way may settle it: see what it did first */
-	if (s->generation == generation && s->state == SLOT_ORPHAN)
+	if (s->generation == generation && s->state == SLOT_ORPHAN && s->in_flight)
+	{
+		if (held)
+		{
+			LWLockRelease(rl_shared->lock);
+			return RL_RECLAIM_BUSY;
+		}
 		wait_out_worker(s);
+	}
 	ours = s->generation == generation && s->state == SLOT_ORPHAN;
 	if (ours)
 	{
@@ -515,7 +532,7 @@ rl_registry_reclaim(int slot, uint32 generation)
 		s->horizon = 0;
 	}
 	LWLockRelease(rl_shared->lock);
-	return ours;
+	return ours ? RL_RECLAIMED : RL_RECLAIM_SETTLED;
 }
 
 /* Is this slot still with the worker, as handed over with generation? */
@@ -546,6 +563,7 @@ rl_registry_wait_idle(int slot)
 {
 	if (rl_shared == NULL || slot < 0)
 		return;
+	rl_assert_may_wait("a wait for the watchdog worker's command");
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	wait_out_worker(&rl_shared->slots[slot]);
 	LWLockRelease(rl_shared->lock);

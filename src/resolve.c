@@ -240,14 +240,6 @@ channel_init(ares_channel *ch, Resolution *r)
 	return ares_init_options(ch, &opts, mask) == ARES_SUCCESS;
 }
 
-/*
- * When the resolutions made while a cancel or terminate is pending with
- * interrupts held must end (0: none pending): one bound for all of them, so
- * that the several names of one wait (Redlock masters, Sentinels) share
- * RL_HELD_WAIT_CUT_MS rather than get it each.
- */
-static TimestampTz held_cut_at = 0;
-
 /* Are all the answers in? */
 static bool
 all_done(const Answer *answers, int n)
@@ -261,9 +253,8 @@ all_done(const Answer *answers, int n)
 }
 
 /*
- * Wait for the answers on channel ch until deadline, or, while a cancel or
- * terminate is pending with interrupts held, RL_HELD_WAIT_CUT_MS after it
- * was first seen.
+ * Wait for the answers on channel ch until deadline, and, with interrupts
+ * held, no longer than RL_HELD_WAIT_CUT_MS (rl_held_wait_bounded).
  */
 static void
 await_answers(ares_channel ch, Resolution *r, Answer *answers, int n,
@@ -271,8 +262,9 @@ await_answers(ares_channel ch, Resolution *r, Answer *answers, int n,
 {
 	TimestampTz end = deadline;
 
-	if (!rl_held_wait_interrupted())
-		held_cut_at = 0;
+	if (rl_held_wait_bounded())
+		end = Min(end, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												   RL_HELD_WAIT_CUT_MS));
 	while (!all_done(answers, n))
 	{
 		TimestampTz now = GetCurrentTimestamp();
@@ -280,12 +272,6 @@ await_answers(ares_channel ch, Resolution *r, Answer *answers, int n,
 		struct timeval *tvp;
 		long		wait_ms;
 
-		if (rl_held_wait_interrupted())
-		{
-			if (held_cut_at == 0)
-				held_cut_at = TimestampTzPlusMilliseconds(now, RL_HELD_WAIT_CUT_MS);
-			end = Min(end, held_cut_at);
-		}
 		if (now >= end)
 			break;
 		wait_ms = (long) ((end - now + 999) / 1000);

@@ -620,6 +620,7 @@ rl_run(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 	int			b;
 	int			i;
 
+	rl_assert_may_wait("a round trip to Redis");
 	if (ncalls <= RL_WES_MAXSOCK)
 	{
 		run_batch(calls, ncalls, mode, timeout_ms);
@@ -979,7 +980,7 @@ settle_runs(RunConn *runs, int nruns)
 	}
 }
 
-/* Every pending run of a held wait gets at most RL_HELD_WAIT_CUT_MS more */
+/* With interrupts held, every run gets at most RL_HELD_WAIT_CUT_MS from now */
 static void
 cut_deadlines(RunConn *runs, int nruns, TimestampTz now)
 {
@@ -1011,7 +1012,7 @@ run_batch(RLCall *calls, int ncalls, RLRunMode mode, int timeout_ms)
 		SockWait	sw;
 		TimestampTz now = GetCurrentTimestamp();
 
-		if (!cut && rl_held_wait_interrupted())
+		if (!cut && rl_held_wait_bounded())
 		{
 			cut_deadlines(runs, nruns, now);
 			cut = true;

@@ -121,6 +121,17 @@ extern char *rl_call_problem(const RLCall *call);
 pg_noreturn extern void rl_raise_call_error(RLCall *call);
 extern void rl_close_all(void);
 
+/*
+ * The rule for waits while interrupts are held (connection.c): none for a
+ * reply or for the worker where the worker can take the work
+ * (rl_held_work_to_worker: a backend of a preloaded server); the lock
+ * layer names itself in rl_wait_site (the RL_WAIT_SITE macros of the
+ * layers between), so that a breach names the call site.
+ */
+extern const char *rl_wait_site;
+extern bool rl_held_work_to_worker;
+extern void rl_assert_may_wait(const char *what);
+
 /* calls sent without waiting for their replies (owed.c) */
 extern MemoryContext rl_owed_context(void);
 extern int	rl_owed_count(void);
@@ -128,7 +139,8 @@ extern void rl_owed_reset(void);
 extern bool rl_conn_ready_to_send(RLConn *conn);
 extern void rl_send(RLCall **calls, int ncalls, int timeout_ms);
 extern void rl_poll_owed(void);
-extern void rl_wait_owed(int timeout_ms);
+extern void rl_wait_owed_at(int timeout_ms, const char *site);
+#define rl_wait_owed(timeout_ms) rl_wait_owed_at((timeout_ms), __func__)
 
 /* pub/sub on a subscriber connection */
 extern void rl_subscribe(RLConn **subs, int n, const char *cmd,

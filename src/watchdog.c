@@ -1187,6 +1187,8 @@ rl_watchdog_main(Datum arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	/* the worker takes that work: nobody to hand it to */
+	rl_held_work_to_worker = false;
 
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	rl_shared->worker_latch[my_lane] = MyLatch;

@@ -34,6 +34,15 @@ typedef struct RLLockState
 	TimestampTz last_renewed_at;
 } RLLockState;
 
+/* What taking back a slot handed to the worker came to (rl_registry_reclaim) */
+typedef enum RLReclaim
+{
+	RL_RECLAIMED,				/* ours again */
+	RL_RECLAIM_SETTLED,			/* the worker settled it: no longer ours */
+	RL_RECLAIM_BUSY				/* the worker has a command under way and
+								 * keeps it (interrupts were held) */
+} RLReclaim;
+
 /* One row of the redis_lock_locks view */
 typedef struct RLLockInfo
 {
@@ -68,7 +77,7 @@ extern void rl_registry_update(int slot, const RLLockState *st, const char *owne
 extern void rl_registry_remove(int slot);
 extern uint32 rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 								   TimestampTz not_before);
-extern bool rl_registry_reclaim(int slot, uint32 generation);
+extern RLReclaim rl_registry_reclaim(int slot, uint32 generation);
 extern bool rl_registry_handed(int slot, uint32 generation);
 extern uint32 rl_registry_settled_events(void);
 extern void rl_registry_wait_idle(int slot);

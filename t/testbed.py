@@ -95,7 +95,7 @@ def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
 # scripts/assert-check: a server's log goes away with its directory, so when
 # RL_TRAP_LOG names a file, cleanup first appends to it the log lines that
 # report a failed Assert() or a server process killed by SIGABRT/SIGSEGV.
-_TRAP_MARKERS = ("TRAP:", "terminated by signal 6", "terminated by signal 11")
+_TRAP_MARKERS = ("TRAP:", "PANIC:", "terminated by signal 6", "terminated by signal 11")
 
 
 def save_traps(logfile):
