@@ -329,6 +329,21 @@ sleep_until_woken(RLHeld *e, RLLockOp *op, RLConn **subs, int nsubs,
 }
 
 /*
+ * A Redlock attempt left a node whose answer is unknown (it failed after
+ * the command may have reached it, or the give-back failed): the next
+ * attempt goes with a fresh owner value, the old one to the worker, so
+ * that a command still on its way cannot delete or outlive the new grant.
+ */
+static void
+renew_owner_while_waiting(RLHeld *e)
+{
+	rl_lt_renew_owner(e, false);
+	if (rl_watchdog_enabled())
+		e->registry_slot = rl_registry_add(e->name, &e->names, e->target,
+										   e->lease_ms);
+}
+
+/*
  * Alternate attempts with sleeps that end on a release message, on the
  * holder's expiry, or on a bounded backoff for holders that never publish,
  * until the lock is ours, refused for good, or the deadline passed.
@@ -353,8 +368,8 @@ attempt_until_deadline(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 			return outcome;
 		if (outcome == ACQ_UNDECIDED && !redlock)
 			return outcome;		/* one node and it failed: an error now */
-		if (op->yes > 0)
-			(void) release_partial_grants(e, op);
+		if ((op->yes > 0 && !release_partial_grants(e, op)) || e->late_grant)
+			renew_owner_while_waiting(e);
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
 			return outcome;
@@ -463,12 +478,14 @@ acquire_again(RLHeld *e, int64 lease_ms, RLScope scope)
 
 /*
  * The entry an acquire attempt runs on: a doubt of the same name is reused
- * (its token retried) while it still matches the settings, else a new one;
- * registered with the watchdog under the passwords of now.
+ * while it still matches the settings, with a fresh owner value (its old
+ * one goes to the worker, see rl_lt_renew_owner; settled here without
+ * preloading unless reclaimed: that one's release is on its way already),
+ * else a new one; registered with the watchdog under the passwords of now.
  */
 static RLHeld *
 entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
-				  int64 lease_ms)
+				  int64 lease_ms, bool reclaimed)
 {
 	RLHeld	   *e = doubt;
 
@@ -492,12 +509,8 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 			e = NULL;
 		}
 	}
-	/* settled by the worker meanwhile: nothing of it is left */
-	if (e != NULL && e->handed && !rl_lt_take_back_from_worker(e))
-	{
-		rl_lt_entry_remove(e);
-		e = NULL;
-	}
+	if (e != NULL)
+		rl_lt_renew_owner(e, !reclaimed);
 	if (e == NULL)
 		e = rl_lt_entry_create(mode, name);
 	else if (e->registry_slot >= 0)
@@ -515,7 +528,11 @@ refuse_unreplicated(RLHeld *e)
 {
 	char	   *name = pstrdup(e->name);
 
-	rl_lt_release_soft(&e, 1, NULL, false);	/* still a doubt: no holds counted */
+	/* still a doubt, no holds counted: the worker releases it, or we do */
+	if (e->registry_slot >= 0 && rl_watchdog_enabled())
+		rl_lt_hand_to_worker(e);
+	else
+		rl_lt_release_soft(&e, 1, NULL, true);
 	rl_stats_add(RL_STAT_FAILED, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_CONNECTION_FAILURE),
@@ -673,7 +690,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 		e = NULL;
 	}
 	doubt = e != NULL;
-	e = entry_for_attempt(e, mode, name, lease_ms);
+	e = entry_for_attempt(e, mode, name, lease_ms, reclaimed);
 
 	/*
 	 * Behind local waiters, a newcomer that may wait joins their queue
@@ -785,10 +802,14 @@ RLHeld *
 rl_many_entry(const char *name, int64 lease_ms, bool *held)
 {
 	RLHeld	   *e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
+	bool		reclaimed = false;
 
 	*held = false;
 	if (e != NULL && e->releasing)
+	{
 		rl_lt_reclaim_releasing(e);
+		reclaimed = true;
+	}
 	if (e != NULL && RL_HOLDS(e) > 0)
 	{
 		if (!e->lost)
@@ -799,7 +820,7 @@ rl_many_entry(const char *name, int64 lease_ms, bool *held)
 		rl_many_discard_lost(e);
 		e = NULL;
 	}
-	return entry_for_attempt(e, RL_MODE_EXCLUSIVE, name, lease_ms);
+	return entry_for_attempt(e, RL_MODE_EXCLUSIVE, name, lease_ms, reclaimed);
 }
 
 /* An acquire of e is about to be sent: a doubt until its answer is known */

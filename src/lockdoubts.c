@@ -166,8 +166,9 @@ rl_lt_release_later(RLHeld **ents, int n)
 
 /*
  * A release still on its way whose answer no longer decides the entry's
- * fate (its lock was acquired again with the same token, see
- * rl_lt_reclaim_releasing): say only what a synchronous release would have said.
+ * fate (its lock was acquired again, see rl_lt_reclaim_releasing, or the
+ * worker keeps the entry): say only what a synchronous release would have
+ * said.
  */
 static void
 report_superseded(PendingRelease *p, int result)
@@ -252,7 +253,10 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 		{
 			bool		ours;
 
-			/* (waits out a worker's command; not cut short after a grant) */
+			/*
+			 * Not interruptible (after a grant): a command of the worker's
+			 * under way is not waited for, the worker keeps the entry.
+			 */
 			if (!interruptible)
 				HOLD_INTERRUPTS();
 			ours = rl_lt_take_back_from_worker(e);
@@ -260,7 +264,14 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 				RESUME_INTERRUPTS();
 			if (!ours)
 			{
-				/* the worker released it, its answer being overdue */
+				/*
+				 * The worker released it (its answer being overdue), or is
+				 * sending its release now: what our own release found is
+				 * still said, and the entry is the worker's to settle.
+				 */
+				report_superseded(p, result);
+				if (result == 1)
+					rl_stats_add(RL_STAT_RELEASED, 1);
 				rl_lt_entry_remove(e);
 				continue;
 			}
@@ -306,13 +317,12 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 
 /*
  * The lock of an entry whose release is on its way is acquired again: the
- * entry becomes a doubt, which the acquire reuses, token and all (so it
- * needs no wait for the answer).  That is safe because the release was sent
- * first on the same connection to each node and Redis runs them in order:
- * if the release ran, the acquire finds the lock free; if it did not (a
- * redirection, NOSCRIPT), the acquire finds its own token, which every
- * layout grants again.  Either way the acquire's answer alone tells what
- * the session holds, so the release's answer is then only reported.
+ * entry becomes a doubt, which the acquire reuses with a fresh owner value
+ * (rl_lt_renew_owner), so it needs no wait for the answer: whenever the
+ * release lands, it cannot match the new grant.  Its answer is then only
+ * reported; its registry slot, handed to the worker, stays the worker's,
+ * which deletes the old value if the release did not run (a redirection,
+ * NOSCRIPT, a lost reply).
  */
 void
 rl_lt_reclaim_releasing(RLHeld *e)
@@ -429,6 +439,25 @@ rl_lt_hand_unsent_to_worker(RLHeld **ents, int n)
 }
 
 /*
+ * Release entries (holds already zero) from a path that must neither raise
+ * nor wait for Redis with interrupts held: COMMIT, ABORT, ROLLBACK TO
+ * SAVEPOINT, redis_lock_with_lock's error path, DISCARD.  Each release is
+ * sent without waiting where its connection can take it (rl_lt_release_later,
+ * the answer read later); the rest go to the watchdog worker with
+ * preloading, or, with no registry slot, stay doubts for the next call's
+ * safe point.  Without preloading they are made here, bounded by
+ * RL_HELD_WAIT_CUT_MS (rl_lt_release_soft with interrupts held).
+ */
+void
+rl_lt_release_without_waiting(RLHeld **ents, int n)
+{
+	n = rl_lt_release_later(ents, n);
+	n = rl_lt_hand_unsent_to_worker(ents, n);
+	if (n > 0 && !rl_held_work_to_worker)
+		rl_lt_release_soft(ents, n, rl_lt_warn_for_all(n), false);
+}
+
+/*
  * Forget the handed doubts the worker has settled.  Scanning the table only
  * when the shared settled-event counter moved keeps this O(1) per call.
  */
@@ -472,40 +501,72 @@ rl_lt_clean_dirty_subs(void)
 }
 
 /*
- * Take every queued entry out of its fair lock's queue, in one round trip
- * per node, never raising and with interrupts held (it also runs at
- * transaction abort and backend exit, after a cancelled wait).  Whatever
- * the answer, the entries count as out: an entry left behind in Redis ends
- * at its queue time, and waiters behind it go on.
+ * Take every queued entry out of its fair lock's queue, never raising (it
+ * also runs at transaction abort and backend exit, after a cancelled wait).
+ * The leaves are sent without waiting for their answers, which nothing
+ * depends on: an entry left behind in Redis ends at its queue time, and
+ * waiters behind it go on.  One whose connection cannot take it at once is
+ * made here as a round trip, interruptibly when interrupts are not held,
+ * else bounded (RL_HELD_WAIT_CUT_MS, or the exit's bound) where no worker
+ * could take the work; with interrupts held in a backend of a preloaded
+ * server it stays queued, for the next call's safe point or the exit: no
+ * round trip is waited for there.
  */
 void
 rl_lt_leave_queues(void)
 {
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
+	RLHeld	  **ents;
 	RLLockOp   *ops;
+	RLLockNames *names;
+	bool	   *sent;
 	int			n = 0;
+	int			nrun = 0;
+	int			i;
+	bool		may_wait;
+	MemoryContext old;
 
 	if (rl_lt_nqueued <= 0 || rl_lt_held == NULL)
 		return;
+	may_wait = InterruptHoldoffCount == 0 || proc_exit_inprogress ||
+		!rl_held_work_to_worker;
+	ents = palloc(sizeof(RLHeld *) * rl_lt_nqueued);
+	sent = palloc(sizeof(bool) * rl_lt_nqueued);
+	old = MemoryContextSwitchTo(rl_owed_context());
 	ops = palloc(sizeof(RLLockOp) * rl_lt_nqueued);
 	hash_seq_init(&seq, rl_lt_held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (e->queued_ms == 0)
+		if (e->queued_ms == 0 || n >= rl_lt_nqueued)
 			continue;
-		if (n < rl_lt_nqueued)
-		{
-			rl_lt_op_init(&ops[n], RL_OP_DEQUEUE, e, e->lease_ms);
-			ops[n++].queue_wait_ms = e->queued_ms;
-		}
-		e->queued_ms = 0;
+		rl_lt_op_init(&ops[n], RL_OP_DEQUEUE, e, e->lease_ms);
+		ops[n].queue_wait_ms = e->queued_ms;
+		/* the op's names are the entry's: copied, the entry may go first */
+		names = palloc(sizeof(RLLockNames));
+		copy_names(names, &e->names);
+		ops[n].names = names;
+		ents[n++] = e;
 	}
-	rl_lt_nqueued = 0;
+	MemoryContextSwitchTo(old);
 	HOLD_INTERRUPTS();
-	rl_lock_ops_run(ops, n, RL_RUN_SOFT);
+	rl_lock_ops_send(ops, n, sent);
 	RESUME_INTERRUPTS();
-	pfree(ops);
+	for (i = 0; i < n; i++)
+	{
+		if (!sent[i] && !may_wait)
+			continue;			/* stays queued: left at the next safe point */
+		ents[i]->queued_ms = 0;
+		rl_lt_nqueued--;
+		if (!sent[i])
+			ops[nrun++] = ops[i];
+	}
+	/* counted out already: a cancel that cuts this short loses nothing */
+	if (nrun > 0)
+		rl_lock_ops_run(ops, nrun, RL_RUN_SOFT);
+	pfree(ents);
+	pfree(sent);
+	owed_memory_reset();
 }
 
 /*

@@ -128,7 +128,6 @@ void
 rl_release_one_error_safe(const char *name)
 {
 	RLHeld	   *e;
-	int			n;
 
 	e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
 	if (e == NULL || e->session_holds == 0)
@@ -140,9 +139,7 @@ rl_release_one_error_safe(const char *name)
 		return;
 	}
 	rl_lt_became_doubt(e);
-	n = rl_lt_release_later(&e, 1);
-	n = rl_lt_hand_unsent_to_worker(&e, n);
-	rl_lt_release_soft(&e, n, rl_lt_warn_for_all(n), false);
+	rl_lt_release_without_waiting(&e, 1);
 }
 
 /*
@@ -262,7 +259,7 @@ rl_discard_session_locks(void)
 		return;
 	old = MemoryContextSwitchTo(rl_lt_work_cxt);
 	(void) rl_lt_drop_scope(RL_SCOPE_SESSION, &ents, &n);
-	rl_lt_release_soft(ents, n, rl_lt_warn_for_all(n), false);
+	rl_lt_release_without_waiting(ents, n);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(rl_lt_work_cxt);
 	rl_lt_maybe_shrink();

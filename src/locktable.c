@@ -286,13 +286,15 @@ rl_lt_hand_to_worker(RLHeld *e)
 
 /*
  * Take a handed doubt back from the worker, waiting out a release of the
- * worker's under way.  Returns false when the worker settled it already:
- * then the slot is no longer the entry's.
+ * worker's under way (interruptibly; with interrupts held that is not
+ * waited for).  Returns false when the worker settled it already, or keeps
+ * it because its command is under way and interrupts are held: then the
+ * slot is no longer the entry's, and the worker settles the owner value.
  */
 bool
 rl_lt_take_back_from_worker(RLHeld *e)
 {
-	bool		ours = rl_registry_reclaim(e->registry_slot, e->handed_gen);
+	bool		ours = rl_registry_reclaim(e->registry_slot, e->handed_gen) == RL_RECLAIMED;
 
 	Assert(e->handed);
 	e->handed = false;
@@ -302,6 +304,51 @@ rl_lt_take_back_from_worker(RLHeld *e)
 	if (!ours)
 		e->registry_slot = -1;
 	return ours;
+}
+
+/*
+ * Give a doubt (no holds) a fresh owner value before it is tried again.
+ * Its old one may still be on its way in a command whose outcome is
+ * unknown: a release that would delete the new grant, an acquire that
+ * would land after the session released it and stay for its lease.  A new
+ * value can never be matched by either.  The old value stays with the
+ * worker until settled (the entry's registry slot is handed off and kept by
+ * the worker); without one, when settle, its compare-and-delete is made
+ * here (interruptibly: a cancel leaves the entry as it was), else it is
+ * left to its lease.
+ */
+void
+rl_lt_renew_owner(RLHeld *e, bool settle)
+{
+	Assert(RL_HOLDS(e) == 0 && !e->releasing);
+	if (e->handed)
+	{
+		/* the worker has the old value already, and keeps it */
+		e->handed = false;
+		e->release_handed = false;
+		rl_lt_nhanded--;
+		rl_lt_ndoubts++;
+		e->registry_slot = -1;
+	}
+	else if (e->registry_slot >= 0 && e->expires_at != 0)
+	{
+		(void) rl_registry_hand_off(e->registry_slot, e->expires_at,
+									e->late_grant, 0);
+		e->registry_slot = -1;
+	}
+	else if (settle && e->expires_at != 0)
+	{
+		int			result;
+
+		(void) rl_lt_release_entries(&e, 1, RL_RUN_SOFT, &result);
+	}
+	if (e->registry_slot >= 0)
+		rl_lt_registry_drop(e); /* never tried: nothing of it in Redis */
+	if (e->names.protocol != RL_PROTOCOL_SIMPLE)
+		rl_new_owner_identity();	/* else that is per backend */
+	rl_new_owner(e->names.protocol, e->names.owner);
+	e->expires_at = 0;
+	e->late_grant = false;
 }
 
 bool
@@ -697,10 +744,11 @@ rl_lt_release_entries(RLHeld **ents, int n, RLRunMode mode, int *results)
  * WARNINGs and a missing key is reported lost; doubts (warn NULL or unset)
  * are settled quietly.
  * Entries whose outcome stays unknown remain as doubts.  Interrupts are held
- * so the bounded wait is not cut short by a cancel at once (a cancel or
- * terminate that comes meanwhile cuts it to RL_HELD_WAIT_CUT_MS, see
- * transport.c), unless interruptible: then a cancel ends it with an ERROR,
- * leaving every entry as it was.
+ * so that a cancel does not cut it short with an ERROR, and the wait is then
+ * bounded by RL_HELD_WAIT_CUT_MS (only without preloading, or at exit: with
+ * it the paths that must not raise hand their work to the worker), unless
+ * interruptible: then a cancel ends it with an ERROR, leaving every entry as
+ * it was.
  */
 void
 rl_lt_release_soft(RLHeld **ents, int n, const bool *warn, bool interruptible)

@@ -69,6 +69,7 @@ extern void rl_lt_registry_drop(RLHeld *e);
 extern void rl_lt_hand_to_worker(RLHeld *e);
 extern void rl_lt_entry_leave_to_worker(RLHeld *e);
 extern bool rl_lt_take_back_from_worker(RLHeld *e);
+extern void rl_lt_renew_owner(RLHeld *e, bool settle);
 extern bool rl_lt_registry_says_lost(RLHeld *e);
 extern void rl_lt_entry_remove(RLHeld *e);
 extern void rl_lt_xact_log_reset(void);
@@ -98,6 +99,7 @@ extern void rl_lt_settle_pending(bool interruptible, bool send_again);
 extern void rl_lt_reclaim_releasing(RLHeld *e);
 extern void rl_lt_hand_doubts_to_worker(void);
 extern int	rl_lt_hand_unsent_to_worker(RLHeld **ents, int n);
+extern void rl_lt_release_without_waiting(RLHeld **ents, int n);
 extern void rl_lt_clean_dirty_subs(void);
 extern void rl_lt_leave_queues(void);
 

@@ -154,12 +154,11 @@ drop_unfinished_work(void)
 }
 
 /*
- * At COMMIT or ABORT: drop transaction holds and release what is free; at
- * an abort, what cannot be sent at once goes to the worker
- * (rl_lt_hand_unsent_to_worker).
+ * At COMMIT or ABORT: drop transaction holds and release what is free,
+ * without waiting (rl_lt_release_without_waiting).
  */
 static void
-end_of_xact(bool abort)
+end_of_xact(void)
 {
 	RLHeld	  **ents;
 	int			n;
@@ -190,10 +189,7 @@ end_of_xact(bool abort)
 	 * twice.  So do the locks whose verify at COMMIT just failed.
 	 */
 	n = keep_unreachable_as_doubts(ents, n);
-	n = rl_lt_release_later(ents, n);
-	if (abort)
-		n = rl_lt_hand_unsent_to_worker(ents, n);
-	rl_lt_release_soft(ents, n, rl_lt_warn_for_all(n), false);
+	rl_lt_release_without_waiting(ents, n);
 	if (rl_lt_ndirty_subs > 0)
 		rl_lt_clean_dirty_subs();
 	/* a wait cut short by an error leaves its fair queue now */
@@ -226,7 +222,7 @@ redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 			/* a wait cut short by an error gives up its local seat */
 			rl_waitq_leave();
-			end_of_xact(event == XACT_EVENT_ABORT);
+			end_of_xact();
 			/* a call cut short left a doubt: the worker settles it now */
 			rl_lt_hand_doubts_to_worker();
 			break;
@@ -256,9 +252,7 @@ release_subxact_holds(SubTransactionId mySubid)
 		if (e != NULL && e->xact_holds > 0)
 			rl_lt_drop_holds(e, RL_SCOPE_XACT, 1, ents, &n);
 	}
-	n = rl_lt_release_later(ents, n);
-	n = rl_lt_hand_unsent_to_worker(ents, n);
-	rl_lt_release_soft(ents, n, rl_lt_warn_for_all(n), false);
+	rl_lt_release_without_waiting(ents, n);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(rl_lt_work_cxt);
 }

@@ -403,6 +403,17 @@ token_random_bytes(void)
 }
 
 /*
+ * The next owner of a Redisson layout gets a new "<uuid>" part: an owner
+ * value whose command's outcome is unknown is never used again
+ * (rl_lt_renew_owner).  Entries keep the owner they were made with.
+ */
+void
+rl_new_owner_identity(void)
+{
+	redisson_field[0] = '\0';
+}
+
+/*
  * A fresh owner identity.  simple: marker + 128 random bits as hex, unique
  * per grant.  redisson and read holds: this backend's "<uuid>:<pid>", like
  * Redisson's "<client uuid>:<thread id>"; write holds: that + ":write".
