@@ -69,17 +69,23 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
  * After an attempt that did not grant: give back grants below the quorum
  * (Redlock) at once.  Returns true when nothing of ours can be left in
  * Redis.  A reply lost to a failure is left as a doubt, not chased now: the
- * failure that lost it is likely still going on.
+ * failure that lost it is likely still going on.  *stale (when not NULL) is
+ * set when the give-back itself failed after its bytes may have reached a
+ * node: a release with our owner value may still land there.
  */
 static bool
-release_partial_grants(RLHeld *e, RLLockOp *op)
+release_partial_grants(RLHeld *e, RLLockOp *op, bool *stale)
 {
 	RLLockOp	rel;
 
+	if (stale != NULL)
+		*stale = false;
 	if (op->yes == 0)
 		return !op->maybe_ran;
 	rl_lt_op_init(&rel, RL_OP_RELEASE, e, e->lease_ms);
 	rl_lock_ops_run(&rel, 1, RL_RUN_SOFT);
+	if (stale != NULL)
+		*stale = rel.failed > 0 && rel.maybe_ran;
 	return rel.failed == 0;
 }
 
@@ -217,7 +223,7 @@ wait_local_turn(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 
 	/* no Redlock grants below the quorum kept while sleeping in the queue */
 	if (queue_id != 0 && op->yes > 0)
-		(void) release_partial_grants(e, op);
+		(void) release_partial_grants(e, op, NULL);
 	if (queue_id == 0 || rl_waitq_join(queue_id))
 		return false;
 
@@ -246,7 +252,7 @@ wait_local_turn(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 		return true;
 	}
 	if (op->yes > 0)
-		(void) release_partial_grants(e, op);
+		(void) release_partial_grants(e, op, NULL);
 	return false;
 }
 
@@ -355,6 +361,7 @@ attempt_until_deadline(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 {
 	bool		redlock = e->target->kind == RL_TOPO_REDLOCK;
 	long		backoff = 8;
+	bool		stale;
 
 	for (;;)
 	{
@@ -368,7 +375,10 @@ attempt_until_deadline(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 			return outcome;
 		if (outcome == ACQ_UNDECIDED && !redlock)
 			return outcome;		/* one node and it failed: an error now */
-		if ((op->yes > 0 && !release_partial_grants(e, op)) || e->late_grant)
+		stale = false;
+		if (op->yes > 0)
+			(void) release_partial_grants(e, op, &stale);
+		if (stale || e->late_grant)
 			renew_owner_while_waiting(e);
 		now = GetCurrentTimestamp();
 		if (now >= deadline)
@@ -558,7 +568,7 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
 	 */
 	if (op->failure != NULL && op->failure->key != NULL)
 		op->failure->key = pnstrdup(op->failure->key, op->failure->keylen);
-	if (release_partial_grants(e, op))
+	if (release_partial_grants(e, op, NULL))
 		rl_lt_entry_remove(e);
 	switch (outcome)
 	{
