@@ -549,9 +549,19 @@ rl_lt_leave_queues(void)
 		ents[n++] = e;
 	}
 	MemoryContextSwitchTo(old);
-	HOLD_INTERRUPTS();
-	rl_lock_ops_send(ops, n, sent);
-	RESUME_INTERRUPTS();
+	/*
+	 * At exit a round trip, within the exit's bound: the connection is
+	 * closed right after (abortively), and a leave sent without waiting
+	 * would hold up the releases' round trip behind its reply.
+	 */
+	if (proc_exit_inprogress)
+		memset(sent, 0, sizeof(bool) * n);
+	else
+	{
+		HOLD_INTERRUPTS();
+		rl_lock_ops_send(ops, n, sent);
+		RESUME_INTERRUPTS();
+	}
 	for (i = 0; i < n; i++)
 	{
 		if (!sent[i] && !may_wait)

@@ -301,6 +301,20 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 }
 
 /*
+ * What is left of the exit's bound (exit_by) becomes the timeouts of what
+ * it does next; false when nothing worth a round trip is left.
+ */
+static bool
+exit_time_left(TimestampTz exit_by)
+{
+	long		left = (long) ((exit_by - GetCurrentTimestamp()) / 1000);
+
+	rl_command_timeout_ms = Min(rl_command_timeout_ms, (int) Max(left, 1));
+	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, (int) Max(left, 1));
+	return left >= 10;
+}
+
+/*
  * Backend exit: release everything this session holds, bounded by the
  * command timeout.  What cannot be released here goes to the watchdog
  * worker, or expires with its lease.
@@ -337,15 +351,11 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	 */
 	if (rl_lt_npending > 0)
 	{
-		long		left;
-
 		HOLD_INTERRUPTS();
 		rl_wait_owed(rl_watchdog_enabled() ? 0 : RL_EXIT_TIMEOUT_MS);
 		rl_lt_settle_pending(false, true);
 		RESUME_INTERRUPTS();
-		left = Max(1, (long) ((exit_by - GetCurrentTimestamp()) / 1000));
-		rl_command_timeout_ms = Min(rl_command_timeout_ms, (int) left);
-		rl_connect_timeout_ms = Min(rl_connect_timeout_ms, (int) left);
+		(void) exit_time_left(exit_by);
 	}
 	MemoryContextSwitchTo(rl_lt_work_cxt);
 	ents = palloc(sizeof(RLHeld *) * hash_get_num_entries(rl_lt_held));
@@ -362,6 +372,9 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 			ents[n++] = e;
 	}
 	rl_lt_leave_queues();
+	/* one bound for the exit: what it leaves goes to the worker below */
+	if (!exit_time_left(exit_by))
+		n = 0;
 	rl_lt_release_soft(ents, n, NULL, false);
 
 	/* what could not be released goes to the watchdog worker */
