@@ -510,7 +510,16 @@ WAIT_POINTS = [
           drive=lambda env, s, k: take_back_after_a_grant(env, s, k, stop_worker=True)),
 ]
 
-CASES = [pytest.param(p, how, id="%s-%s" % (p.name, how))
+# A cancel that PL/pgSQL caught was served and handled by the user's code,
+# which chose to go on; PostgreSQL does not tell an extension that a caught
+# error was a cancel, so the verify after it waits as any verify does
+# (interruptibly: a cancel sent during it ends it at once, the row above).
+# Documented in doc/failures.md; strict, so that a fix is noticed.
+SERVED_CANCEL_GAP = pytest.mark.xfail(
+    strict=True, reason="a cancel caught by PL/pgSQL does not bound the COMMIT verify")
+
+CASES = [pytest.param(p, how, id="%s-%s" % (p.name, how),
+                      marks=(SERVED_CANCEL_GAP,) if "served cancel" in p.name else ())
          for p in WAIT_POINTS for how in p.signals]
 
 
