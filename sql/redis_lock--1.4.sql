@@ -91,6 +91,14 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION redis_lock_fence(text) IS
 'fencing token of a Redis lock this session holds, NULL if not held';
 
+CREATE FUNCTION redis_lock_check(lock_name text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_lock_check'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_lock_check(text) IS
+'true while this session holds the Redis lock and it was not found lost; an error (40001) once it was; no round trip';
+
 CREATE FUNCTION redis_lock_status(lock_name text,
                                   OUT locked boolean,
                                   OUT held_by_me boolean,
@@ -176,7 +184,8 @@ CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
                                  OUT lost bigint,
                                  OUT reconnects bigint,
                                  OUT released bigint,
-                                 OUT shared boolean)
+                                 OUT shared boolean,
+                                 OUT interrupted bigint)
 RETURNS record
 AS 'MODULE_PATHNAME', 'redis_lock_stats'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;

@@ -45,6 +45,7 @@ PG_FUNCTION_INFO_V1(redis_lock_release_all);
 PG_FUNCTION_INFO_V1(redis_lock_with_lock);
 PG_FUNCTION_INFO_V1(redis_lock_extend);
 PG_FUNCTION_INFO_V1(redis_lock_fence);
+PG_FUNCTION_INFO_V1(redis_lock_check);
 PG_FUNCTION_INFO_V1(redis_lock_held);
 PG_FUNCTION_INFO_V1(redis_lock_status);
 PG_FUNCTION_INFO_V1(redis_lock_force_release);
@@ -385,6 +386,19 @@ redis_lock_extend(PG_FUNCTION_ARGS)
 	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
 
 	PG_RETURN_BOOL(rl_extend(name, ttl));
+}
+
+/*
+ * redis_lock_check(lock_name): true while the session holds the lock and
+ * it was not found lost; the loss as an ERROR (40001) when it was; false
+ * when it is not held.  No round trip (locklost.c).
+ */
+Datum
+redis_lock_check(PG_FUNCTION_ARGS)
+{
+	char	   *name = arg_lock_name(fcinfo, 0);
+
+	PG_RETURN_BOOL(rl_check_lock(name));
 }
 
 /*
@@ -986,8 +1000,8 @@ redis_lock_stats(PG_FUNCTION_ARGS)
 {
 	TupleDesc	td;
 	RLStats		st;
-	Datum		values[10];
-	bool		nulls[10] = {0};
+	Datum		values[11];
+	bool		nulls[11] = {0};
 
 	if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
@@ -1003,5 +1017,6 @@ redis_lock_stats(PG_FUNCTION_ARGS)
 	values[7] = Int64GetDatum((int64) st.value[RL_STAT_RECONNECTS]);
 	values[8] = Int64GetDatum((int64) st.value[RL_STAT_RELEASED]);
 	values[9] = BoolGetDatum(rl_watchdog_enabled());
+	values[10] = Int64GetDatum((int64) st.value[RL_STAT_INTERRUPTED]);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(td, values, nulls)));
 }

@@ -251,6 +251,7 @@ rl_lt_registry_sync(RLHeld *e, bool refreshed)
 	memset(&st, 0, sizeof(st));
 	st.watchdog = e->watchdog;
 	st.lost = e->lost;
+	st.on_lost = e->on_lost;
 	st.session_holds = e->session_holds;
 	st.xact_holds = e->xact_holds;
 	st.fence = e->fence;
@@ -433,7 +434,10 @@ rl_lt_add_hold(RLHeld *e, RLScope scope)
 	if (scope == RL_SCOPE_XACT)
 		xact_log_push(e->hkey);
 	if (RL_HOLDS(e) == 0)
-		rl_lt_ndoubts--;				/* leaves the doubt set */
+	{
+		rl_lt_ndoubts--;			/* leaves the doubt set */
+		e->on_lost = (uint8) rl_on_lost;	/* as set when it is taken */
+	}
 	if (scope == RL_SCOPE_XACT)
 		e->xact_holds++;
 	else

@@ -47,6 +47,7 @@ typedef struct RLHeld
 	int64		lease_ms;
 	bool		watchdog;		/* renewed by the background worker */
 	bool		lost;			/* Redis no longer has our token */
+	uint8		on_lost;		/* RLOnLost, as set when it was taken */
 	bool		unreachable;	/* its verify at COMMIT failed: the abort
 								 * that follows leaves it as a doubt */
 	uint64		lost_reported_at;	/* call that last warned about it */
@@ -89,6 +90,12 @@ extern void rl_forget(const char *name);
 extern void rl_safe_point(void);
 extern int	rl_held_snapshot(RLHeld **out);
 extern void rl_release_one_error_safe(const char *name);
+
+/* locklost.c: what the holder does once the worker finds a lock lost */
+extern void rl_lost_rewrite_cancel(ErrorData *edata);
+extern void rl_lost_check_statement(void);
+extern void rl_lost_note_before_drop(RLHeld *e);
+extern bool rl_check_lock(const char *name);
 extern int	rl_release_many(const char *const *names, int n);
 /* What an operation on a lock was for, in messages */
 typedef enum RLLockAction

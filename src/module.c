@@ -14,9 +14,11 @@
  */
 #include "locktable.h"
 
+#include "executor/executor.h"
 #include "fmgr.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
+#include "utils/elog.h"
 
 #ifdef PG_MODULE_MAGIC_EXT
 PG_MODULE_MAGIC_EXT(.name = "redis_lock",.version = RL_VERSION);
@@ -27,6 +29,25 @@ PG_MODULE_MAGIC;
 void		_PG_init(void);
 
 static ProcessUtility_hook_type prev_ProcessUtility = NULL;
+static ExecutorStart_hook_type prev_ExecutorStart = NULL;
+static emit_log_hook_type prev_emit_log_hook = NULL;
+
+/*
+ * Does a utility statement go on with the transaction (so that a lock lost
+ * while it was idle fails it first)?  Not ROLLBACK and its kin.
+ */
+static bool
+continues_transaction(Node *stmt)
+{
+	if (IsA(stmt, TransactionStmt))
+	{
+		TransactionStmtKind kind = ((TransactionStmt *) stmt)->kind;
+
+		return kind == TRANS_STMT_COMMIT || kind == TRANS_STMT_PREPARE ||
+			kind == TRANS_STMT_SAVEPOINT || kind == TRANS_STMT_RELEASE;
+	}
+	return true;
+}
 
 /*
  * ProcessUtility_hook: after DISCARD ALL, release this session's
@@ -52,6 +73,8 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	bool		discard_all = IsA(stmt, DiscardStmt) &&
 		((DiscardStmt *) stmt)->target == DISCARD_ALL;
 
+	if (continues_transaction(stmt))
+		rl_lost_check_statement();
 	if (prev_ProcessUtility)
 		prev_ProcessUtility(pstmt, queryString, readOnlyTree_arg context,
 							params, queryEnv, dest, qc);
@@ -60,6 +83,34 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 								params, queryEnv, dest, qc);
 	if (discard_all)
 		rl_discard_session_locks();
+}
+
+/*
+ * ExecutorStart_hook: a lock lost while the session was idle in its
+ * transaction fails the transaction before the statement runs
+ * (rl_lost_check_statement; O(1) while no lock was found lost).
+ */
+static void
+redis_lock_ExecutorStart(QueryDesc *queryDesc, int eflags)
+{
+	if ((eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0)
+		rl_lost_check_statement();
+	if (prev_ExecutorStart)
+		prev_ExecutorStart(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/*
+ * emit_log_hook: the cancel the watchdog worker sent because a lock was
+ * lost is reported as that loss (rl_lost_rewrite_cancel).
+ */
+static void
+redis_lock_emit_log(ErrorData *edata)
+{
+	rl_lost_rewrite_cancel(edata);
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
 }
 
 /*
@@ -78,4 +129,12 @@ _PG_init(void)
 	rl_deadlock_init();
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = redis_lock_ProcessUtility;
+	/* only the worker finds locks lost while their holder works */
+	if (process_shared_preload_libraries_in_progress)
+	{
+		prev_ExecutorStart = ExecutorStart_hook;
+		ExecutorStart_hook = redis_lock_ExecutorStart;
+		prev_emit_log_hook = emit_log_hook;
+		emit_log_hook = redis_lock_emit_log;
+	}
 }

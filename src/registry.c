@@ -349,6 +349,8 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->st.script_free = names->script_free;
 	s->st.watchdog = false;
 	s->st.lost = false;
+	s->st.lost_at = 0;
+	s->st.on_lost = RL_ON_LOST_WARN;
 	s->st.session_holds = s->st.xact_holds = 0;
 	s->st.fence = 0;
 	s->st.lease_ms = lease_ms;
@@ -396,6 +398,7 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 	s->state = holds > 0 ? SLOT_HELD : SLOT_RESERVED;
 	s->st.watchdog = st->watchdog;
 	s->st.lost = s->st.lost || st->lost;
+	s->st.on_lost = st->on_lost;
 	s->st.session_holds = st->session_holds;
 	s->st.xact_holds = st->xact_holds;
 	s->st.fence = st->fence;
@@ -567,6 +570,28 @@ rl_registry_wait_idle(int slot)
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	wait_out_worker(&rl_shared->slots[slot]);
 	LWLockRelease(rl_shared->lock);
+}
+
+/*
+ * Has the worker found this lock lost, and if so why, when, and what its
+ * holder asked to be made to do?  Only our own slot: no lock needed (the
+ * worker writes lost last).
+ */
+bool
+rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost)
+{
+	RLSlot	   *s;
+
+	if (rl_shared == NULL || slot < 0)
+		return false;
+	s = &rl_shared->slots[slot];
+	pg_read_barrier();
+	if (!s->st.lost)
+		return false;
+	*cause = s->st.lost_cause;
+	*lost_at = s->st.lost_at;
+	*on_lost = s->st.on_lost;
+	return true;
 }
 
 /* Has the worker found this lock lost?  Only our own slot: no lock needed */

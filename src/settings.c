@@ -39,6 +39,7 @@ int			rl_wait_timeout_ms = 10000;
 int			rl_connect_timeout_ms = 2000;
 int			rl_command_timeout_ms = 2000;
 int			rl_protocol = RL_PROTOCOL_SIMPLE;
+int			rl_on_lost = RL_ON_LOST_ERROR;
 bool		rl_scripting = true;
 bool		rl_redisson_token_counter = false;
 bool		rl_verify_on_commit = true;
@@ -76,6 +77,13 @@ static const struct config_enum_entry protocol_options[] = {
 	{"simple", RL_PROTOCOL_SIMPLE, false},
 	{"redisson", RL_PROTOCOL_REDISSON, false},
 	{"redisson_fair", RL_PROTOCOL_REDISSON_FAIR, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry on_lost_options[] = {
+	{"warn", RL_ON_LOST_WARN, false},
+	{"error", RL_ON_LOST_ERROR, false},
+	{"terminate", RL_ON_LOST_TERMINATE, false},
 	{NULL, 0, false}
 };
 
@@ -847,6 +855,21 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.int_var = &rl_protocol,
 		.int_default = RL_PROTOCOL_SIMPLE,
 		.enum_options = protocol_options,
+		.context = PGC_USERSET,
+	},
+
+	/*
+	 * Any role, for its own session: what it is made to do when one of its
+	 * locks is lost (taken with the value at the time of the acquire).  It
+	 * can only stop the session's own work.
+	 */
+	{
+		.kind = RL_SETTING_ENUM,
+		.name = "redis_lock.on_lost",
+		.short_desc = "What the holder of a lock the watchdog finds lost is made to do: warn (at its next call), error (its running statement fails with 40001) or terminate (its backend ends).",
+		.int_var = &rl_on_lost,
+		.int_default = RL_ON_LOST_ERROR,
+		.enum_options = on_lost_options,
 		.context = PGC_USERSET,
 	},
 

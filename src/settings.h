@@ -33,6 +33,14 @@ typedef enum RLProtocol
 
 #define RL_PROTOCOL_IS_RW(p) ((p) == RL_PROTOCOL_RW_READ || (p) == RL_PROTOCOL_RW_WRITE)
 
+/* What the holder is made to do when the worker finds its lock lost */
+typedef enum RLOnLost
+{
+	RL_ON_LOST_WARN,			/* a WARNING at its next redis_lock call */
+	RL_ON_LOST_ERROR,			/* its running statement fails (40001) */
+	RL_ON_LOST_TERMINATE		/* its backend is ended */
+} RLOnLost;
+
 extern char *rl_url;
 extern char *rl_password;
 extern char *rl_password_file;
@@ -42,6 +50,7 @@ extern int	rl_wait_timeout_ms;
 extern int	rl_connect_timeout_ms;
 extern int	rl_command_timeout_ms;
 extern int	rl_protocol;
+extern int	rl_on_lost;
 extern bool rl_scripting;
 extern bool rl_redisson_token_counter;
 extern bool rl_verify_on_commit;

@@ -27,6 +27,7 @@ typedef enum RLStatId
 	RL_STAT_LOST,
 	RL_STAT_RECONNECTS,
 	RL_STAT_RELEASED,
+	RL_STAT_INTERRUPTED,		/* statements failed because a lock was lost */
 	RL_STAT_COUNT
 } RLStatId;
 

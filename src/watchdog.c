@@ -102,6 +102,10 @@ typedef struct Job
 	bool		retry;			/* its last attempt failed */
 	bool		failing;		/* its target's last attempts failed */
 	bool		gave_up;		/* release: dropped, refused to the end */
+	bool		lost_now;		/* renew: found lost by this round */
+	int			holder_pid;		/* renew: its backend */
+	uint8		on_lost;		/* renew: what its holder is made to do */
+	uint8		lost_cause;		/* renew, lost_now: why */
 	int			name_off;		/* the lock's name in key */
 	char	   *key;
 	char	   *owner;
@@ -607,6 +611,64 @@ build_round_ops(Job *jobs, int n, RLTarget *t)
 }
 
 /*
+ * A held lock is lost for good: never renewed again, counted, and its
+ * holder made to act on it after the round (stop_holders).  Caller holds
+ * the registry's lock.
+ */
+static void
+mark_lost(Job *j, RLSlot *s, RLLostCause cause, TimestampTz now)
+{
+	s->st.lost_cause = (uint8) cause;
+	s->st.lost_at = now;
+	pg_write_barrier();			/* its backend reads lost first, unlocked */
+	s->st.lost = true;
+	rl_stats_add(RL_STAT_LOST, 1);
+	pg_atomic_fetch_add_u32(&rl_shared->lost_events, 1);
+	j->lost_now = true;
+	j->holder_pid = s->st.pid;
+	j->on_lost = s->st.on_lost;
+	j->lost_cause = (uint8) cause;
+}
+
+/*
+ * One LOG line per lock found lost, and its holder made to act on it as it
+ * asked when it took the lock (redis_lock.on_lost): error cancels its
+ * running statement, which the backend reports as the loss (40001, see
+ * rl_lost_report_hook); terminate ends the backend.  A backend that is idle
+ * ignores the cancel; one idle in a transaction fails its next statement
+ * (rl_lost_check_statement).
+ */
+static void
+stop_holders(Job *jobs, int n)
+{
+	int			k;
+
+	for (k = 0; k < n; k++)
+	{
+		Job		   *j = &jobs[k];
+		const char *action;
+
+		if (!j->lost_now)
+			continue;
+		j->lost_now = false;
+		action = j->on_lost == RL_ON_LOST_ERROR ? "cancelling its statement" :
+			j->on_lost == RL_ON_LOST_TERMINATE ? "terminating it" :
+			"it is warned at its next call";
+		ereport(LOG,
+				(errmsg("Redis lock \"%s\" of process %d was lost: %s; %s",
+						j->key + j->name_off, j->holder_pid,
+						j->lost_cause == RL_LOST_UNREACHABLE ?
+						"no renewal was answered before its lease ran out" :
+						"Redis no longer holds its owner value (expired, deleted or taken by another client)",
+						action)));
+		if (j->on_lost == RL_ON_LOST_WARN || j->holder_pid <= 0)
+			continue;
+		(void) kill(j->holder_pid,
+					j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT);
+	}
+}
+
+/*
  * Apply a renewal's outcome f (1 renewed, 0 not ours, -1 unknown) sent at
  * sent, its answer in by now.  Caller holds the registry's lock.
  */
@@ -631,11 +693,16 @@ apply_renewal(Job *j, RLSlot *s, RLLockOp *op, int f, TimestampTz sent,
 		}
 	}
 	else if (f == 0)
+		mark_lost(j, s, RL_LOST_NOT_OURS, now);	/* token gone or changed */
+	else if (now >= TimestampTzPlusMilliseconds(s->st.last_renewed_at, s->st.lease_ms))
 	{
-		/* token gone or changed: lost for good, never renewed again */
-		s->st.lost = true;
-		rl_stats_add(RL_STAT_LOST, 1);
-		pg_atomic_fetch_add_u32(&rl_shared->lost_events, 1);
+		/*
+		 * No renewal answered before the lease ran out (counted from when
+		 * the last one that did was sent): Redis expired it, or will as
+		 * soon as it runs again.  Presumed lost, not only once Redis
+		 * answers again.
+		 */
+		mark_lost(j, s, RL_LOST_UNREACHABLE, now);
 	}
 }
 
@@ -747,6 +814,7 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 	for (k = 0; k < n; k++)
 		if (jobs[k].gave_up)
 			report_gave_up(&jobs[k], &ops[k]);
+	stop_holders(jobs, n);
 	pfree(refused);
 	return nfailed;
 }
@@ -1026,6 +1094,7 @@ add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
 									s->st.lease_ms + 2 * rl_command_timeout_ms +
 									rl_connect_timeout_ms);
 	j->late_grant = s->late_grant;
+	j->lost_now = false;
 	j->name_off = s->name_off;
 	j->retry = has_failed(i, s->generation);
 	j->failing = rl_shared->targets[s->target].failing;

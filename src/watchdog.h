@@ -26,6 +26,9 @@ typedef struct RLLockState
 								 * released without them too */
 	bool		watchdog;
 	bool		lost;
+	uint8		on_lost;		/* RLOnLost, as set when it was taken */
+	uint8		lost_cause;		/* RLLostCause, once lost */
+	TimestampTz lost_at;		/* when the worker found it lost */
 	int			session_holds;
 	int			xact_holds;
 	int64		fence;
@@ -33,6 +36,14 @@ typedef struct RLLockState
 	TimestampTz acquired_at;
 	TimestampTz last_renewed_at;
 } RLLockState;
+
+/* Why the worker found a lock lost */
+typedef enum RLLostCause
+{
+	RL_LOST_NOT_OURS,			/* Redis no longer holds our owner value */
+	RL_LOST_UNREACHABLE			/* no renewal answered before the lease ran
+								 * out: presumed lost */
+} RLLostCause;
 
 /* What taking back a slot handed to the worker came to (rl_registry_reclaim) */
 typedef enum RLReclaim
@@ -82,6 +93,8 @@ extern bool rl_registry_handed(int slot, uint32 generation);
 extern uint32 rl_registry_settled_events(void);
 extern void rl_registry_wait_idle(int slot);
 extern bool rl_registry_lost(int slot);
+extern bool rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
+							 uint8 *on_lost);
 extern TimestampTz rl_registry_renewed_at(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);

@@ -1,0 +1,245 @@
+/*-------------------------------------------------------------------------
+ *
+ * locklost.c
+ *	  Owns what the holder does once the watchdog worker finds one of its
+ *	  locks lost (redis_lock.on_lost): the cancel the worker sent is
+ *	  reported as the loss (40001, naming the lock and why) instead of as a
+ *	  user's cancel; a session idle in a transaction when the loss came
+ *	  fails its next statement; redis_lock_check() raises the same error
+ *	  without a round trip.  The worker decides and signals (watchdog.c).
+ *
+ *	  Must not: call hiredis or Redis (everything here reads what the
+ *	  worker last saw), raise from the error-report hook, define SQL-callable
+ *	  functions (functions.c does), change holds (lockrelease.c does).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/locklost.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "locktable_int.h"
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "utils/elog.h"
+#include "utils/memutils.h"
+
+/* The cause of a loss, for the error's detail */
+static const char *
+cause_text(uint8 cause)
+{
+	return cause == RL_LOST_UNREACHABLE ?
+		"No renewal was answered before its lease ran out; Redis has expired it or will as soon as it runs again." :
+		"Redis no longer holds its owner value: it expired, was deleted, or another client took it.";
+}
+
+/*
+ * A held lock of this session the worker found lost and that was not
+ * reported yet, with what the worker recorded; since (when not 0): only a
+ * loss found at or after it.  NULL when there is none.
+ */
+static RLHeld *
+unreported_loss(TimestampTz since, uint8 *cause, TimestampTz *lost_at,
+				uint8 *on_lost)
+{
+	HASH_SEQ_STATUS seq;
+	RLHeld	   *e;
+
+	if (rl_lt_held == NULL || !rl_watchdog_enabled())
+		return NULL;
+	hash_seq_init(&seq, rl_lt_held);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (RL_HOLDS(e) == 0 || e->lost || e->registry_slot < 0)
+			continue;
+		if (!rl_registry_loss(e->registry_slot, cause, lost_at, on_lost))
+			continue;
+		if (since != 0 && *lost_at < since)
+			continue;
+		hash_seq_term(&seq);
+		return e;
+	}
+	return NULL;
+}
+
+/*
+ * A loss found for a lock whose hold an error path dropped before the error
+ * was reported (redis_lock_with_lock's query cancelled because of it): kept
+ * here for the report.
+ */
+static struct
+{
+	bool		set;
+	char		name[RL_MAX_NAME_LEN + 1];
+	uint8		cause;
+	TimestampTz lost_at;
+} dropped_loss;
+
+/* The loss is reported now: no WARNING about it at the next call */
+static void
+mark_reported(RLHeld *e)
+{
+	e->lost = true;
+	e->lost_reported_at = rl_lt_call_seq;
+	rl_stats_add(RL_STAT_INTERRUPTED, 1);
+}
+
+/*
+ * From the error-report hook (module.c), for an error about to be
+ * reported: a cancel that the worker sent because a lock of ours with
+ * on_lost = error was lost becomes the loss, with its SQLSTATE (40001, a
+ * retryable conflict, as the COMMIT check's) and message; the time from the
+ * worker's finding to the cancel goes to the detail, so the server log has
+ * it too.  Never raises: only plain strings are made, in the error's
+ * context.
+ */
+void
+rl_lost_rewrite_cancel(ErrorData *edata)
+{
+	RLHeld	   *e;
+	uint8		cause;
+	uint8		on_lost;
+	TimestampTz lost_at;
+	MemoryContext old;
+	long		ms;
+
+	const char *name;
+
+	if (edata->elevel < ERROR)
+		return;
+	if (edata->elevel != ERROR || edata->sqlerrcode != ERRCODE_QUERY_CANCELED)
+	{
+		dropped_loss.set = false;	/* another error ended the statement */
+		return;
+	}
+	e = unreported_loss(0, &cause, &lost_at, &on_lost);
+	if (e != NULL && on_lost == RL_ON_LOST_ERROR)
+	{
+		mark_reported(e);
+		name = e->name;
+	}
+	else if (dropped_loss.set)
+	{
+		rl_stats_add(RL_STAT_INTERRUPTED, 1);
+		name = dropped_loss.name;
+		cause = dropped_loss.cause;
+		lost_at = dropped_loss.lost_at;
+	}
+	else
+		return;
+	dropped_loss.set = false;
+	ms = (long) ((GetCurrentTimestamp() - lost_at) / 1000);
+	old = MemoryContextSwitchTo(ErrorContext);
+	edata->sqlerrcode = ERRCODE_T_R_SERIALIZATION_FAILURE;
+	edata->message = psprintf("Redis lock \"%s\" was lost", name);
+	edata->detail = psprintf("%s The statement was cancelled %ld ms after the watchdog found it lost.",
+							 cause_text(cause), Max(ms, 0));
+	edata->hint = pstrdup("The work the lock protected is no longer protected: retry it once the lock is taken again, or set redis_lock.on_lost to warn to be only warned.");
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * An error path is about to drop e's last hold (redis_lock_with_lock's
+ * release): a loss the worker found and cancelled the statement for is kept
+ * for the report of the error being handled.
+ */
+void
+rl_lost_note_before_drop(RLHeld *e)
+{
+	uint8		cause;
+	uint8		on_lost;
+	TimestampTz lost_at;
+
+	if (e->lost || e->registry_slot < 0 ||
+		!rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost) ||
+		on_lost != RL_ON_LOST_ERROR)
+		return;
+	dropped_loss.set = true;
+	strlcpy(dropped_loss.name, e->name, sizeof(dropped_loss.name));
+	dropped_loss.cause = cause;
+	dropped_loss.lost_at = lost_at;
+}
+
+/* The loss of e, as an ERROR */
+pg_noreturn static void
+raise_loss(RLHeld *e, uint8 cause, const char *when)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("Redis lock \"%s\" was lost", e->name),
+			 errdetail("%s It was found lost %s.", cause_text(cause), when),
+			 errhint("The work the lock protected is no longer protected: retry it once the lock is taken again.")));
+}
+
+/*
+ * Before every statement (ExecutorStart, and utility statements other than
+ * ending a transaction, module.c): a lock with on_lost = error lost while
+ * this session was idle in its transaction fails the transaction now; the
+ * worker's cancel found nothing running.  A loss from before the
+ * transaction began is only warned about, at the next redis_lock call.
+ * O(1) while no lock of the server was found lost since the last look.
+ */
+void
+rl_lost_check_statement(void)
+{
+	static uint32 seen_events = 0;
+	uint32		events;
+	RLHeld	   *e;
+	uint8		cause;
+	uint8		on_lost;
+	TimestampTz lost_at;
+
+	if (!rl_watchdog_enabled() || rl_lt_held == NULL || !IsTransactionState())
+		return;
+	events = rl_registry_lost_events();
+	if (events == seen_events)
+		return;
+	e = unreported_loss(GetCurrentTransactionStartTimestamp(), &cause,
+						&lost_at, &on_lost);
+	if (e == NULL || on_lost != RL_ON_LOST_ERROR)
+	{
+		seen_events = events;
+		return;
+	}
+	mark_reported(e);
+	raise_loss(e, cause, "while this session was idle in its transaction");
+}
+
+/*
+ * redis_lock_check(): true when the session holds name (in any mode) and
+ * the worker has not found it lost; the loss as an ERROR when it has,
+ * whatever redis_lock.on_lost says; false when it is not held.  No round
+ * trip: what the worker last saw (without preloading, what the session's
+ * own calls last saw).
+ */
+bool
+rl_check_lock(const char *name)
+{
+	static const RLLockMode modes[] = {RL_MODE_EXCLUSIVE, RL_MODE_READ, RL_MODE_WRITE};
+	bool		held = false;
+	int			i;
+
+	rl_lt_ensure_table();
+	for (i = 0; i < (int) lengthof(modes); i++)
+	{
+		RLHeld	   *e = rl_lt_entry_find(modes[i], name);
+		uint8		cause = RL_LOST_NOT_OURS;
+		uint8		on_lost;
+		TimestampTz lost_at;
+
+		if (e == NULL || RL_HOLDS(e) == 0)
+			continue;
+		if (e->lost ||
+			(e->registry_slot >= 0 &&
+			 rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost)))
+		{
+			if (!e->lost)
+				mark_reported(e);
+			raise_loss(e, cause, "by the watchdog or by a call of this session");
+		}
+		held = true;
+	}
+	return held;
+}
