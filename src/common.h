@@ -19,6 +19,7 @@
  *				  the holds of a scope
  *	lockacquire.c acquire: attempts, reentrancy, the wait for a busy lock,
  *				  the rl_many_* interface lockmany.c acquires through
+ *	locklost.c    what a holder does once the worker found its lock lost
  *	lockdoubts.c  releases sent without waiting, doubts, rl_safe_point
  *	locktable.c   per-backend table of held locks: entries, their holds and
  *				  registry slots, operations on their nodes (what the five

@@ -3,7 +3,9 @@
  * module.c
  *	  Module entry point: defines the settings, prepares the scripts and,
  *	  when loaded through shared_preload_libraries, the shared counters, the
- *	  shared registry and the watchdog worker.  Opens no connection.
+ *	  shared registry and the watchdog worker; installs the hooks (DISCARD
+ *	  ALL, and with preloading the statement check and error report of
+ *	  locklost.c).  Opens no connection.
  *
  * Copyright (c) 2026, redis_lock developers
  *

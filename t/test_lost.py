@@ -205,10 +205,11 @@ def test_redis_lock_check_raises_between_batches(env):
     assert err is not None and err.pgcode == "40001", err
 
 
-def test_a_read_hold_lost_fails_its_statement(env):
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_read_or_write_hold_lost_fails_its_statement(env, mode):
     r, rc, pg, admin, session = env
     a = session()
-    assert a.run("SELECT redis_lock_acquire_read('shared-r')") is True
+    assert a.run("SELECT redis_lock_acquire_%s('shared-r')" % mode) is True
     a.start("SELECT pg_sleep(60)")
     testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
     rc.delete("shared-r")
@@ -291,3 +292,61 @@ def test_with_lock_query_is_cancelled_and_the_release_spares_the_new_owner(env):
     assert err is not None and err.pgcode == "40001", err
     a.run("SELECT 1")           # reads the release's answer
     assert rc.get("wrapped") == b"service-token"
+
+
+def test_rollback_of_a_transaction_idle_at_the_loss_succeeds(env):
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('idle-rb') > 0")
+    a.run("BEGIN")
+    a.run("SELECT 1")
+    rc.delete("idle-rb")
+    testbed.wait_until(lambda: testbed.sql_one(
+        admin, "SELECT bool_or(lost) FROM redis_lock_locks WHERE lock_name = 'idle-rb'"),
+        DETECT + 2, 0.02, what="the worker to find it lost")
+    a.run("ROLLBACK")           # no error
+
+
+def test_code_that_catches_the_cancel_sees_57014(env):
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('caught') > 0")
+    a.start("DO $$ BEGIN PERFORM pg_sleep(60); "
+            "EXCEPTION WHEN query_canceled THEN RAISE NOTICE 'caught %', SQLSTATE; END $$")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    rc.delete("caught")
+    assert ended_with(a, DETECT + 2) is None
+    assert [n for n in a.conn.notices if "caught 57014" in n]
+
+
+def test_a_fixed_ttl_lock_is_not_watched(env):
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('fixed-ttl', ttl => '60s') > 0")
+    a.start("SELECT pg_sleep(2.5)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    rc.delete("fixed-ttl")
+    assert ended_with(a, 10) is None
+
+
+def test_without_preloading_nothing_interrupts_the_holder():
+    r = testbed.Redis().start()
+    pg = testbed.Postgres(preload=False, conf={"redis_lock.url": r.url}).init().start().with_extension()
+    try:
+        rc = r.client()
+        a = Session(pg)
+        assert a.run("SELECT redis_lock_acquire('np') > 0")
+        a.start("SELECT pg_sleep(1.5)")
+        testbed.wait_until(lambda: rc.exists("np"), 5, what="lock taken")
+        rc.delete("np")
+        assert ended_with(a, 10) is None
+        # redis_lock_check knows only what the session's calls saw
+        assert a.run("SELECT redis_lock_check('np')") is True
+        assert a.run("SELECT redis_lock_extend('np', NULL)") is False   # finds it lost
+        with pytest.raises(psycopg2.Error) as ei:
+            a.run("SELECT redis_lock_check('np')")
+        assert ei.value.pgcode == "40001"
+        a.close()
+    finally:
+        pg.cleanup()
+        r.stop()
