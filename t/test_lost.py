@@ -350,3 +350,31 @@ def test_without_preloading_nothing_interrupts_the_holder():
     finally:
         pg.cleanup()
         r.stop()
+
+
+def test_redlock_lost_on_a_majority_fails_the_statement():
+    """On Redlock masters a lock is lost once a majority no longer holds our
+    owner value: one master losing it is not enough."""
+    masters = [testbed.Redis().start() for _ in range(3)]
+    pg = testbed.Postgres(conf={"redis_lock.nodes": ",".join(m.url for m in masters),
+                                "redis_lock.lease_time": "3s"}).init().start().with_extension()
+    try:
+        admin = pg.connect()
+        a = Session(pg)
+        assert a.run("SELECT redis_lock_acquire('rl-job')") is None      # no fence
+        a.start("SELECT pg_sleep(60)")
+        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+        masters[0].client().delete("rl-job")
+        # a minority lost: renewed on, never reported (two renewals pass)
+        time.sleep(2 * LEASE / 3 + 0.3)     # no condition to poll: nothing may happen
+        assert a.thread.is_alive()
+        assert not testbed.sql_one(admin, "SELECT bool_or(lost) FROM redis_lock_locks")
+        masters[1].client().delete("rl-job")
+        err = ended_with(a, DETECT + 2)
+        assert err is not None and err.pgcode == "40001", err
+        admin.close()
+        a.close()
+    finally:
+        pg.cleanup()
+        for m in masters:
+            m.stop()
