@@ -378,3 +378,30 @@ def test_redlock_lost_on_a_majority_fails_the_statement():
         pg.cleanup()
         for m in masters:
             m.stop()
+
+
+def test_a_redis_restart_with_aof_that_keeps_the_key_is_no_loss():
+    """No false positive: Redis restarts (AOF, fsync always) while the
+    holder's statement runs; the key comes back with our owner value, the
+    renewals fail only briefly, within the lease, and the statement runs to
+    its end."""
+    r = testbed.Redis(args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url, "redis_lock.lease_time": "3s",
+                                "redis_lock.command_timeout": "500ms",
+                                "redis_lock.connect_timeout": "500ms"}).init().start().with_extension()
+    try:
+        admin = pg.connect()
+        a = Session(pg)
+        assert a.run("SELECT redis_lock_acquire('durable') > 0")
+        a.start("SELECT pg_sleep(5)")
+        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+        r.restart()
+        assert r.client().exists("durable")
+        assert ended_with(a, 15) is None
+        assert a.run("SELECT lost FROM redis_lock_held()") is False
+        assert not testbed.sql_one(admin, "SELECT bool_or(lost) FROM redis_lock_locks")
+        admin.close()
+        a.close()
+    finally:
+        pg.cleanup()
+        r.stop()
