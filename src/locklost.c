@@ -114,7 +114,13 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 		dropped_loss.set = false;	/* another error ended the statement */
 		return;
 	}
-	e = unreported_loss(0, &cause, &lost_at, &on_lost);
+	/*
+	 * Only a loss found while this statement ran: the worker's cancel for
+	 * one found while the session was idle was ignored, and a cancel now
+	 * is someone else's
+	 */
+	e = unreported_loss(GetCurrentStatementStartTimestamp(), &cause,
+						&lost_at, &on_lost);
 	if (e != NULL && on_lost == RL_ON_LOST_ERROR)
 	{
 		mark_reported(e);
@@ -154,7 +160,8 @@ rl_lost_note_before_drop(RLHeld *e)
 
 	if (e->lost || e->registry_slot < 0 ||
 		!rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost) ||
-		on_lost != RL_ON_LOST_ERROR)
+		on_lost != RL_ON_LOST_ERROR ||
+		lost_at < GetCurrentStatementStartTimestamp())
 		return;
 	dropped_loss.set = true;
 	strlcpy(dropped_loss.name, e->name, sizeof(dropped_loss.name));

@@ -405,3 +405,24 @@ def test_a_redis_restart_with_aof_that_keeps_the_key_is_no_loss():
     finally:
         pg.cleanup()
         r.stop()
+
+
+def test_a_users_cancel_after_an_idle_loss_stays_a_cancel(env):
+    """The worker's cancel for a loss found while the session was idle was
+    ignored; a later cancel of the user's is reported as what it is (57014),
+    and the loss as a WARNING at the next redis_lock call."""
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('idle-then-cancel') > 0")
+    rc.delete("idle-then-cancel")
+    testbed.wait_until(lambda: testbed.sql_one(
+        admin, "SELECT bool_or(lost) FROM redis_lock_locks WHERE lock_name = 'idle-then-cancel'"),
+        DETECT + 2, 0.02, what="the worker to find it lost")
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    assert testbed.sql_one(admin, "SELECT pg_cancel_backend(%s)", (a.pid,))
+    err = ended_with(a, 5)
+    assert err is not None and err.pgcode == "57014", err
+    del a.conn.notices[:]
+    a.run("SELECT redis_lock_held()")
+    assert [n for n in a.conn.notices if 'Redis lock "idle-then-cancel" was lost' in n]
