@@ -538,11 +538,11 @@ refuse_unreplicated(RLHeld *e)
 {
 	char	   *name = pstrdup(e->name);
 
-	/* still a doubt, no holds counted: the worker releases it, or we do */
-	if (e->registry_slot >= 0 && rl_watchdog_enabled())
-		rl_lt_hand_to_worker(e);
-	else
-		rl_lt_release_soft(&e, 1, NULL, true);
+	/*
+	 * Still a doubt, no holds counted: released here, interruptibly (a
+	 * cancel leaves it a doubt, for the worker or the next call)
+	 */
+	rl_lt_release_soft(&e, 1, NULL, true);
 	rl_stats_add(RL_STAT_FAILED, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_CONNECTION_FAILURE),
