@@ -406,10 +406,13 @@ ASYNC_FAULTS = {
 
 # how the release nobody waits for is sent: (setup, the statement, how many
 # round trips the statement itself waits for)
-# (a statement that waits for a round trip behind the delay gets a longer
-# command_timeout than the module's, which a whole round trip would exceed)
+# (every path gets a longer command_timeout than the module's: the release's
+# own reply comes a delay after it was sent, which the module's 500 ms would
+# only just allow, and on a loaded machine not: its wrong-type answer then
+# timed out into "could not release" instead of "was lost")
 ASYNC_PATHS = {
-    "commit": (["SET redis_lock.verify_on_commit = off", "BEGIN",
+    "commit": (["SET redis_lock.command_timeout = '2s'",
+                "SET redis_lock.verify_on_commit = off", "BEGIN",
                 "SELECT redis_lock_acquire('m-async', xact => true)"], "COMMIT", 0),
     "commit-verify": (["SET redis_lock.command_timeout = '2s'",
                        "SET redis_lock.verify_on_commit = on", "BEGIN",
