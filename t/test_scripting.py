@@ -1,7 +1,7 @@
 """Locks without Lua scripts: redis_lock.scripting = off (doc/topologies.md,
 "Script-free locks").
 
-On Valkey 9.1 (scripts/get-server valkey-9.1) whose ACL denies the
+On Valkey 9.1 and Redis 8.6 (scripts/get-server) whose ACL denies the
 extension's user every scripting command (-@scripting: EVAL, EVALSHA, their
 _RO forms, FUNCTION, FCALL, SCRIPT), so that any script use fails with
 NOPERM and is recorded in ACL LOG, which every test here checks stays empty:
@@ -20,9 +20,12 @@ provide it) every lock
 function is refused with 0A000 naming the versions needed, and nothing is
 left in Redis.
 
-No registry here has a Redis 8.4, the first with DELEX: its path is proven
-against Redis84, a fake on test_hostile's FakeRedis that answers what Redis
-8.4 documents and records every command it is sent, word for word.
+The same tests run on Redis 8.6.3 (experimental's source, scripts/get-server
+redis-8.6), whose DELEX key IFEQ and SET ... IFEQ are the path Redis 8.4
+added.  Redis84, a fake on test_hostile's FakeRedis that answers what Redis
+8.4 documents and records every command it is sent, stays for what a real
+server cannot show: the exact words of every command, and replies a real
+server does not give on demand.
 """
 import os
 import random
@@ -97,9 +100,16 @@ def warned(s, text):
 
 # ================================================================ Valkey 9.1
 
-@pytest.fixture(scope="module")
-def valkey():
-    r = testbed.Redis(server=server("valkey-9.1")).start()
+# The servers with a compare-and-delete of their own that the tests below
+# run on, each with scripts denied: Valkey 9.1 (DELIFEQ) and Redis 8.6
+# (DELEX key IFEQ, SET ... IFEQ), built by scripts/get-server.
+NO_LUA_SERVERS = ["valkey-9.1", "redis-8.6"]
+
+
+@pytest.fixture(scope="module", params=NO_LUA_SERVERS)
+def valkey(request):
+    r = testbed.Redis(server=server(request.param)).start()
+    r.name = request.param
     deny_scripts(r)
     yield r
     r.stop()
@@ -465,6 +475,24 @@ def test_redisson_layouts_are_refused(vk):
         with pytest.raises(psycopg2.errors.FeatureNotSupported):
             a.run(q)
     assert c.keys("*") == []
+
+
+def test_the_servers_own_compare_and_set_and_delete_are_used(valkey, vk):
+    """On each server the release is its own compare-and-delete (Valkey's
+    DELIFEQ, Redis 8.4+'s DELEX key IFEQ) and the extend its compare-and-set
+    (SET ... IFEQ), counted in INFO commandstats; no script ran (vk checks
+    the ACL log)."""
+    c, session = vk
+    c.config_resetstat()
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('own-cad', ttl => '30s') > 0")
+    assert a.run("SELECT redis_lock_extend('own-cad', '30s')") is True
+    assert a.run("SELECT redis_lock_release('own-cad')") is True
+    stats = c.info("commandstats")
+    delete = "cmdstat_delifeq" if valkey.name.startswith("valkey") else "cmdstat_delex"
+    assert stats.get(delete, {}).get("calls", 0) >= 1, sorted(stats)
+    assert stats.get("cmdstat_set", {}).get("calls", 0) >= 2, sorted(stats)
+    assert not any(k in stats for k in ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_fcall"))
 
 
 def test_round_trips_per_operation(valkey, vk):
