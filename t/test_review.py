@@ -1,6 +1,8 @@
 """Adversarial review of issues 33 and 34 (helper "review").  Each test
 reproduces a suspected defect against main as it is; a test that fails
 is a defect found (see the report), one that passes is a check that held."""
+import os
+import signal
 import time
 
 import psycopg2
@@ -8,6 +10,7 @@ import pytest
 
 from conftest import Session
 import testbed
+from renewals import watchdog_pids
 
 LEASE = 3.0
 DETECT = LEASE / 3 + 0.2
@@ -96,3 +99,35 @@ def test_the_loss_is_40001_whatever_log_min_messages_says(env):
     err = ended_with(a, DETECT + 2)
     assert err is not None
     assert err.pgcode == "40001", (err.pgcode, str(err))
+
+
+def test_a_downgrade_still_works_after_a_doubt_of_another_lock(env):
+    """rl_new_owner_identity (protocol.c), called by rl_lt_renew_owner for
+    any Redisson-layout doubt retried, replaces the backend's one
+    "<uuid>:<pid>" field.  A write hold taken before keeps the old field;
+    a read of the same name by the same session (a downgrade, supported:
+    test_rwlock's test_renewing_a_write_hold_never_shortens_...) now goes
+    with the new one, and Redisson's read script refuses it: the session
+    waits on itself."""
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire_write('dg2', ttl => '60s')") is True
+    before = set(rc.hgetall("dg2"))
+    # a doubt of another read-write lock: Redis silent past command_timeout;
+    # the worker stopped so that it stays a doubt until the retry
+    workers = watchdog_pids(pg.postmaster_pid())
+    r.pause()
+    try:
+        with pytest.raises(psycopg2.Error):
+            a.run("SELECT redis_lock_acquire_read('other', ttl => '60s')")
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
+        r.resume()
+        assert a.run("SELECT redis_lock_acquire_read('other', ttl => '60s')") is True
+    finally:
+        r.resume()
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+    print(before, rc.hgetall("other"))
+    ok = a.run("SELECT redis_lock_acquire_read('dg2', wait => '1s')")
+    assert ok is True, (ok, rc.hgetall("dg2"))
