@@ -131,3 +131,75 @@ def test_a_downgrade_still_works_after_a_doubt_of_another_lock(env):
     print(before, rc.hgetall("other"))
     ok = a.run("SELECT redis_lock_acquire_read('dg2', wait => '1s')")
     assert ok is True, (ok, rc.hgetall("dg2"))
+
+
+@pytest.mark.parametrize("how", ["acquire_many", "reentrant", "extend", "xact_then_session"])
+def test_a_lost_lock_fails_the_statement_after(env, how):
+    """Checks that held: the cancel comes for locks taken through
+    acquire_many, after a reentrant acquire, after extend(NULL), and for a
+    lock held at both scopes."""
+    r, rc, pg, admin, session = env
+    a = session()
+    if how == "acquire_many":
+        assert a.run("SELECT redis_lock_acquire_many(ARRAY['m1','m2','m3'])") is not None
+        name = "m2"
+    elif how == "reentrant":
+        assert a.run("SELECT redis_lock_acquire('re') > 0")
+        assert a.run("SELECT redis_lock_acquire('re') > 0")
+        name = "re"
+    elif how == "extend":
+        assert a.run("SELECT redis_lock_acquire('ext') > 0")
+        assert a.run("SELECT redis_lock_extend('ext', NULL)") is True
+        name = "ext"
+    else:
+        a.run("BEGIN")
+        assert a.run("SELECT redis_lock_acquire('both', xact => true) > 0")
+        assert a.run("SELECT redis_lock_acquire('both') > 0")
+        a.run("COMMIT")
+        name = "both"
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    rc.delete(name)
+    err = ended_with(a, DETECT + 2)
+    assert err is not None and err.pgcode == "40001", err
+
+
+def lost_seen(admin, name):
+    return testbed.sql_one(admin, "SELECT bool_or(lost) FROM redis_lock_locks "
+                           "WHERE lock_name = %s", (name,))
+
+
+@pytest.mark.parametrize("how", ["release", "reacquire", "many", "xact"])
+def test_a_lock_taken_again_after_a_loss_is_not_lost(env, how):
+    """No false loss: a lock lost while idle, then released (or acquired
+    again straight away), then taken again: the new grant is renewed, a
+    statement under it runs to its end, redis_lock_check says true."""
+    r, rc, pg, admin, session = env
+    a = session()
+    name = "again-" + how
+    if how == "xact":
+        a.run("BEGIN")
+        assert a.run("SELECT redis_lock_acquire(%s, xact => true) > 0", (name,))
+    else:
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (name,))
+    rc.delete(name)
+    testbed.wait_until(lambda: lost_seen(admin, name), DETECT + 2, 0.02,
+                       what="the worker to find it lost")
+    if how == "release":
+        assert a.run("SELECT redis_lock_release(%s)", (name,)) is False
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (name,))
+    elif how == "reacquire":
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (name,))
+    elif how == "many":
+        assert a.run("SELECT redis_lock_acquire_many(ARRAY[%s, 'other-many'])", (name,)) is not None
+    else:
+        a.run("ROLLBACK")
+        a.run("BEGIN")
+        assert a.run("SELECT redis_lock_acquire(%s, xact => true) > 0", (name,))
+    assert rc.exists(name)
+    assert a.run("SELECT redis_lock_check(%s)", (name,)) is True
+    a.run("SELECT pg_sleep(%s)", (LEASE + 1,))     # past a lease: renewed
+    assert rc.exists(name)
+    assert a.run("SELECT redis_lock_check(%s)", (name,)) is True
+    if how == "xact":
+        a.run("COMMIT")
