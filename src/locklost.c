@@ -75,7 +75,19 @@ static struct
 	char		name[RL_MAX_NAME_LEN + 1];
 	uint8		cause;
 	TimestampTz lost_at;
+	TimestampTz statement;		/* the start of the statement it is for */
 } dropped_loss;
+
+/*
+ * The (sub)transaction the error ended: a kept loss that was not reported
+ * (PL/pgSQL caught the cancel) is for no later error.  Called after the
+ * error's report, which comes before the abort.
+ */
+void
+rl_lost_forget_dropped(void)
+{
+	dropped_loss.set = false;
+}
 
 /* The loss is reported now: no WARNING about it at the next call */
 static void
@@ -126,7 +138,8 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 		mark_reported(e);
 		name = e->name;
 	}
-	else if (dropped_loss.set)
+	else if (dropped_loss.set &&
+			 dropped_loss.statement == GetCurrentStatementStartTimestamp())
 	{
 		rl_stats_add(RL_STAT_INTERRUPTED, 1);
 		name = dropped_loss.name;
@@ -167,6 +180,7 @@ rl_lost_note_before_drop(RLHeld *e)
 	strlcpy(dropped_loss.name, e->name, sizeof(dropped_loss.name));
 	dropped_loss.cause = cause;
 	dropped_loss.lost_at = lost_at;
+	dropped_loss.statement = GetCurrentStatementStartTimestamp();
 }
 
 /* The loss of e, as an ERROR */

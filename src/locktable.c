@@ -216,7 +216,15 @@ rl_lt_entry_create(RLLockMode mode, const char *name)
 	held_key(hkey, mode, name);
 	PG_TRY();
 	{
-		rl_new_owner(names.protocol, names.owner);
+		RLHeld	   *other = NULL;
+
+		if (mode != RL_MODE_EXCLUSIVE)
+			other = rl_lt_entry_find(mode == RL_MODE_READ ? RL_MODE_WRITE : RL_MODE_READ,
+									 name);
+		if (other != NULL && RL_HOLDS(other) > 0)
+			rl_sibling_owner(names.protocol, other->names.owner, names.owner);
+		else
+			rl_new_owner(names.protocol, names.owner);
 		e = hash_search(rl_lt_held, hkey, HASH_ENTER, &found);
 	}
 	PG_CATCH();
@@ -308,11 +316,31 @@ rl_lt_take_back_from_worker(RLHeld *e)
 }
 
 /*
+ * The other mode of e's read-write lock, when the session holds it: the two
+ * must share one owner field (Redisson lets a thread's write hold take a
+ * read hold beside it), so neither takes a field of its own.
+ */
+static RLHeld *
+held_sibling(RLHeld *e)
+{
+	RLHeld	   *o;
+
+	if (e->mode == RL_MODE_EXCLUSIVE)
+		return NULL;
+	o = rl_lt_entry_find(e->mode == RL_MODE_READ ? RL_MODE_WRITE : RL_MODE_READ,
+						 e->name);
+	return o != NULL && RL_HOLDS(o) > 0 ? o : NULL;
+}
+
+/*
  * Give a doubt (no holds) a fresh owner value before it is tried again.
  * Its old one may still be on its way in a command whose outcome is
  * unknown: a release that would delete the new grant, an acquire that
  * would land after the session released it and stay for its lease.  A new
- * value can never be matched by either.  The old value stays with the
+ * value can never be matched by either (under the Redisson layouts a field
+ * of its own, the backend's left to its other locks).  One exception: the
+ * read or write hold of a read-write lock whose other mode the session
+ * holds keeps the field they share (a downgrade needs it).  The old value stays with the
  * worker until settled (the entry's registry slot is handed off and kept by
  * the worker); without one, when settle, its compare-and-delete is made
  * here (interruptibly: a cancel leaves the entry as it was), else it is
@@ -345,9 +373,8 @@ rl_lt_renew_owner(RLHeld *e, bool settle)
 	}
 	if (e->registry_slot >= 0)
 		rl_lt_registry_drop(e); /* never tried: nothing of it in Redis */
-	if (e->names.protocol != RL_PROTOCOL_SIMPLE)
-		rl_new_owner_identity();	/* else that is per backend */
-	rl_new_owner(e->names.protocol, e->names.owner);
+	if (held_sibling(e) == NULL)
+		rl_unused_owner(e->names.protocol, e->names.owner);
 	e->expires_at = 0;
 	e->late_grant = false;
 }

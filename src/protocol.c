@@ -402,15 +402,32 @@ token_random_bytes(void)
 	return r;
 }
 
-/*
- * The next owner of a Redisson layout gets a new "<uuid>" part: an owner
- * value whose command's outcome is unknown is never used again
- * (rl_lt_renew_owner).  Entries keep the owner they were made with.
- */
-void
-rl_new_owner_identity(void)
+/* A new "<uuid>:<pid>" field, Redisson's "<client uuid>:<thread id>" form */
+static void
+new_redisson_field(char *field, size_t size)
 {
-	redisson_field[0] = '\0';
+	uint8		u[16];
+	char		h[33];
+
+	if (!pg_strong_random(u, sizeof(u)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random lock owner")));
+	u[6] = (u[6] & 0x0f) | 0x40;	/* version 4 */
+	u[8] = (u[8] & 0x3f) | 0x80;	/* variant */
+	rl_hex_encode(u, 16, h);
+	snprintf(field, size, "%.8s-%.4s-%.4s-%.4s-%.12s:%d",
+			 h, h + 8, h + 12, h + 16, h + 20, MyProcPid);
+}
+
+/* owner from a field: the field, or for a write hold the field + ":write" */
+static void
+owner_from_field(RLProtocol protocol, const char *field, char *owner)
+{
+	if (protocol == RL_PROTOCOL_RW_WRITE)
+		snprintf(owner, RL_OWNER_LEN + 1, "%s:write", field);
+	else
+		strlcpy(owner, field, RL_OWNER_LEN + 1);
 }
 
 /*
@@ -424,25 +441,8 @@ rl_new_owner(RLProtocol protocol, char *owner)
 	if (protocol != RL_PROTOCOL_SIMPLE)
 	{
 		if (redisson_field[0] == '\0')
-		{
-			uint8		u[16];
-			char		h[33];
-
-			if (!pg_strong_random(u, sizeof(u)))
-				ereport(ERROR,
-						(errcode(ERRCODE_INTERNAL_ERROR),
-						 errmsg("could not generate a random lock owner")));
-			u[6] = (u[6] & 0x0f) | 0x40;	/* version 4 */
-			u[8] = (u[8] & 0x3f) | 0x80;	/* variant */
-			rl_hex_encode(u, 16, h);
-			snprintf(redisson_field, sizeof(redisson_field),
-					 "%.8s-%.4s-%.4s-%.4s-%.12s:%d",
-					 h, h + 8, h + 12, h + 16, h + 20, MyProcPid);
-		}
-		if (protocol == RL_PROTOCOL_RW_WRITE)
-			snprintf(owner, RL_OWNER_LEN + 1, "%s:write", redisson_field);
-		else
-			strlcpy(owner, redisson_field, RL_OWNER_LEN + 1);
+			new_redisson_field(redisson_field, sizeof(redisson_field));
+		owner_from_field(protocol, redisson_field, owner);
 	}
 	else
 	{
@@ -450,6 +450,43 @@ rl_new_owner(RLProtocol protocol, char *owner)
 		rl_hex_encode(token_random_bytes(), RL_TOKEN_BYTES,
 					  owner + strlen(RL_TOKEN_MARKER));
 	}
+}
+
+/*
+ * An owner value never used before, for one lock tried again after a doubt
+ * (rl_lt_renew_owner): under the Redisson layouts a "<uuid>:<pid>" field of
+ * its own, the backend's field left as it is for its other locks (a read
+ * and a write hold of one name must share one field).
+ */
+void
+rl_unused_owner(RLProtocol protocol, char *owner)
+{
+	char		field[RL_OWNER_LEN + 1];
+
+	if (protocol == RL_PROTOCOL_SIMPLE)
+	{
+		rl_new_owner(protocol, owner);
+		return;
+	}
+	new_redisson_field(field, sizeof(field));
+	owner_from_field(protocol, field, owner);
+}
+
+/*
+ * The owner of one mode of a read-write lock whose other mode has owner
+ * other: the same field (with ":write" for the write hold), so that the
+ * session's write hold lets its read hold in, as Redisson's do for a thread.
+ */
+void
+rl_sibling_owner(RLProtocol protocol, const char *other, char *owner)
+{
+	char		field[RL_OWNER_LEN + 1];
+	size_t		len = strlen(other);
+
+	strlcpy(field, other, sizeof(field));
+	if (len > 6 && strcmp(other + len - 6, ":write") == 0)
+		field[len - 6] = '\0';
+	owner_from_field(protocol, field, owner);
 }
 
 /*

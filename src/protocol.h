@@ -129,7 +129,8 @@ extern void rl_names_from_key(RLLockNames *names, RLProtocol protocol,
 							  const char *prefix, const char *key,
 							  MemoryContext cxt);
 extern void rl_new_owner(RLProtocol protocol, char *owner);
-extern void rl_new_owner_identity(void);
+extern void rl_unused_owner(RLProtocol protocol, char *owner);
+extern void rl_sibling_owner(RLProtocol protocol, const char *other, char *owner);
 extern const char *rl_reserved_mark(const char *prefix, const char *name);
 extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
 						   int nkeys, const char **keys, int nargs,

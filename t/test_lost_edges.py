@@ -1,6 +1,9 @@
-"""Adversarial review of issues 33 and 34 (helper "review").  Each test
-reproduces a suspected defect against main as it is; a test that fails
-is a defect found (see the report), one that passes is a check that held."""
+"""An adversarial review of issues 33 and 34: each test reproduced a
+suspected defect, or checks that one did not happen.  Those it found are
+fixed (a caught with_lock loss that turned a later timeout into a loss; a
+downgrade after another lock's doubt), bar one limit documented in
+doc/leases.md and kept here as an expected failure: the 40001 needs the
+error to reach the server log."""
 import os
 import signal
 import threading
@@ -85,6 +88,8 @@ def test_a_caught_with_lock_loss_does_not_turn_a_later_timeout_into_a_loss(env):
     assert ei.value.pgcode == "57014", (ei.value.pgcode, str(ei.value))
 
 
+@pytest.mark.xfail(strict=True, reason="PostgreSQL hands an error to emit_log_hook only when it "
+                   "goes to the server log; doc/leases.md says so")
 def test_the_loss_is_40001_whatever_log_min_messages_says(env):
     """emit_log_hook is called only when the error goes to the server log
     (edata->output_to_server): with log_min_messages = log, fatal or panic
