@@ -1,6 +1,7 @@
 """Foreign lock clients for the interop tests.
 
 * RedlockPeer: the real npm `redlock` 4.2.0 (with ioredis) in a node process.
+* RedlockUniversalPeer: the real npm `redlock-universal` 0.8.5 (with ioredis).
 * JavaPeer: the real Redisson (RLock, RFencedLock; latest 3.x and 4.x) and a
   hand-written Jedis SET NX PX lock, in a JVM (t/interop/java, versions
   pinned in its pom.xml), built by scripts/install-deps (or here when missing).
@@ -21,9 +22,11 @@ INTEROP_DIR = os.path.join(os.path.dirname(__file__), "interop")
 
 
 class RedlockPeer:
+    SCRIPT = "redlock_peer.js"
+
     def __init__(self, ports):
         self.proc = subprocess.Popen(
-            ["node", "redlock_peer.js", ",".join(str(p) for p in ports)],
+            ["node", self.SCRIPT, ",".join(str(p) for p in ports)],
             cwd=INTEROP_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, bufsize=1)
 
@@ -53,6 +56,12 @@ class RedlockPeer:
             pass
         self.proc.kill()
         self.proc.wait(5)
+
+
+class RedlockUniversalPeer(RedlockPeer):
+    """The real npm redlock-universal 0.8.5 (with ioredis) in a node
+    process; one Redis (its createLock), same commands as RedlockPeer."""
+    SCRIPT = "redlock_universal_peer.js"
 
 
 GO_DIR = os.path.join(INTEROP_DIR, "go")

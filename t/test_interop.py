@@ -1,6 +1,6 @@
 """SQL sessions and real foreign clients share the same Redis locks, both ways:
 redis-py's Lock (Debian python3-redis 4.3.4; scripts/run-tests reruns these
-with redis-py from PyPI) and npm redlock 4.2.0; plus the Redisson layout as
+with redis-py from PyPI), npm redlock 4.2.0 and npm redlock-universal 0.8.5; plus the Redisson layout as
 SQL writes it.  The real Redisson and Jedis are in test_interop_java.py,
 redsync in test_interop_go.py."""
 import threading
@@ -14,7 +14,7 @@ from redis.lock import Lock
 
 from checks import report_latency
 from conftest import wait_for_wait_event
-from peers import RedlockPeer
+from peers import RedlockPeer, RedlockUniversalPeer
 import testbed
 
 
@@ -203,6 +203,59 @@ def test_sql_holder_excludes_node_redlock(sessions, rc, redlock):
                    at - released)
     assert at - released < testbed.WAKE_BOUND
     assert redlock.call(op="unlock")["ok"]
+
+
+# ---------------------------------------------------------------- redlock-universal
+
+@pytest.fixture
+def ru(redis_srv):
+    p = RedlockUniversalPeer([redis_srv.port])
+    yield p
+    p.close()
+
+
+def test_redlock_universal_holder_excludes_sql_and_its_release_wakes_it(sessions, rc, ru):
+    a, admin = sessions(), sessions()
+    got = ru.call(op="lock", key="ru-job", ttl=30000)
+    assert got["ok"], got
+    assert rc.get("ru-job").decode() == got["value"]
+    assert a.run("SELECT redis_lock_try_acquire('ru-job')") is False
+    assert a.run("SELECT redis_lock_release('ru-job')") is False     # not ours
+    assert rc.get("ru-job").decode() == got["value"]
+    assert ru.call(op="extend", ttl=30000)["ok"]
+    # a SQL waiter gets it when redlock-universal releases (no publish: SQL polls)
+    a.start("SELECT redis_lock_acquire('ru-job', wait => '10s') > 0")
+    wait_for_wait_event(admin.conn, a.pid)
+    released = time.monotonic()
+    assert ru.call(op="unlock")["ok"]
+    a.join()
+    assert a.error is None and a.result is True
+    report_latency("redlock-universal 0.8.5", "its release -> SQL waiter", a.finished_at - released)
+    assert a.finished_at - released < testbed.WAKE_BOUND
+    # its stale handle cannot release SQL's lock now
+    assert ru.call(op="unlock")["ok"] is False
+    assert rc.get("ru-job").startswith(b"pgrl:")
+    assert a.run("SELECT redis_lock_release('ru-job')") is True
+
+
+def test_sql_holder_excludes_redlock_universal_and_its_release_wakes_it(sessions, rc, ru):
+    a = sessions()
+    assert a.run("SELECT redis_lock_acquire('ru-job2', ttl => '30s') > 0")
+    got = ru.call(op="lock", key="ru-job2", ttl=5000, retryAttempts=2)
+    assert not got["ok"] and "LockAcquisitionError" in got["error"], got
+    assert rc.get("ru-job2").startswith(b"pgrl:")
+    # a redlock-universal waiter retrying every 10 ms gets it once SQL releases
+    ru.send(op="lock", key="ru-job2", ttl=5000, retryAttempts=1000, retryDelay=10)
+    time.sleep(0.1)                          # let it fail a few tries first
+    released = time.monotonic()
+    assert a.run("SELECT redis_lock_release('ru-job2')") is True
+    got, at = ru.receive()
+    assert got["ok"], got
+    report_latency("redlock-universal 0.8.5", "SQL release -> its waiter retrying every 10 ms",
+                   at - released)
+    assert at - released < testbed.WAKE_BOUND
+    assert a.run("SELECT redis_lock_try_acquire('ru-job2')") is False
+    assert ru.call(op="unlock")["ok"]
 
 
 # ---------------------------------------------------------------- Redisson
