@@ -16,22 +16,8 @@ from conftest import Session
 import testbed
 from renewals import watchdog_pids
 
-LEASE = 3.0
-DETECT = LEASE / 3 + 0.2
-
-
-@pytest.fixture(scope="module")
-def lenv():
-    r = testbed.Redis().start()
-    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
-                                "redis_lock.lease_time": "3s",
-                                "redis_lock.command_timeout": "1s",
-                                "redis_lock.connect_timeout": "1s"}).init().start().with_extension()
-    admin = pg.connect()
-    yield r, pg, admin
-    admin.close()
-    pg.cleanup()
-    r.stop()
+# the servers and helpers of t/test_lost.py (3 s lease, 1 s timeouts)
+from test_lost import DETECT, LEASE, ended_with, lenv, running  # noqa: F401
 
 
 @pytest.fixture
@@ -51,16 +37,6 @@ def env(lenv):
     r.resume()
     for s in made:
         s.close()
-
-
-def running(admin, pid):
-    return testbed.sql_one(admin, "SELECT state = 'active' FROM pg_stat_activity "
-                           "WHERE pid = %s", (pid,))
-
-
-def ended_with(s, timeout):
-    s.join(timeout)
-    return s.error
 
 
 def test_a_caught_with_lock_loss_does_not_turn_a_later_timeout_into_a_loss(env):
