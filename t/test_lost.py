@@ -45,6 +45,7 @@ def env(lenv):
         made.append(s)
         return s
     yield r, rc, pg, admin, session
+    r.resume()                  # a test that froze it and failed
     for s in made:
         s.close()
 
@@ -426,3 +427,22 @@ def test_a_users_cancel_after_an_idle_loss_stays_a_cancel(env):
     del a.conn.notices[:]
     a.run("SELECT redis_lock_held()")
     assert [n for n in a.conn.notices if 'Redis lock "idle-then-cancel" was lost' in n]
+
+
+def test_a_login_only_role_can_check_and_choose_only_for_itself(env):
+    """redis_lock_check is PUBLIC and reads only the caller's own locks;
+    redis_lock.on_lost is a user setting: it decides only for the locks of
+    the session that sets it."""
+    r, rc, pg, admin, session = env
+    admin.cursor().execute("DROP ROLE IF EXISTS lost_tenant")
+    admin.cursor().execute("CREATE ROLE lost_tenant LOGIN")
+    owner = session()
+    assert owner.run("SELECT redis_lock_acquire('owned-elsewhere') > 0")
+    t = session(user="lost_tenant")
+    t.run("SET redis_lock.on_lost = terminate")
+    assert t.run("SELECT redis_lock_check('owned-elsewhere')") is False
+    owner.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, owner.pid), 5, what="statement running")
+    rc.delete("owned-elsewhere")
+    err = ended_with(owner, DETECT + 2)
+    assert err is not None and err.pgcode == "40001", err   # its own error, not terminate

@@ -17,26 +17,7 @@ import testbed
 from renewals import watchdog_pids
 
 # the servers and helpers of t/test_lost.py (3 s lease, 1 s timeouts)
-from test_lost import DETECT, LEASE, ended_with, lenv, running  # noqa: F401
-
-
-@pytest.fixture
-def env(lenv):
-    r, pg, admin = lenv
-    if r.proc.poll() is not None:
-        r.start()
-    rc = r.client()
-    rc.flushall()
-    made = []
-
-    def session(**kw):
-        s = Session(pg, **kw)
-        made.append(s)
-        return s
-    yield r, rc, pg, admin, session
-    r.resume()
-    for s in made:
-        s.close()
+from test_lost import DETECT, LEASE, ended_with, env, lenv, running  # noqa: F401
 
 
 def test_a_caught_with_lock_loss_does_not_turn_a_later_timeout_into_a_loss(env):
