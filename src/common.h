@@ -31,6 +31,8 @@
  *				  lock in shared memory: one contends in Redis, the rest sleep
  *	watchdog.c    the background worker that renews every backend's locks
  *				  and cleans up what exited backends left, from the registry
+ *	watchevents.c the worker's subscriptions to the keyspace notifications
+ *				  of the locks it renews: a key gone is renewed at once
  *	registry.c    the shared-memory registry of every backend's locks
  *				  (its layout, shared with watchdog.c only, is registry_int.h)
  *	lockop.c      one lock operation over every node of a target, with the

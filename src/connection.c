@@ -381,6 +381,16 @@ rl_conn_for(const RLEndpoint *ep, bool subscriber)
 	return c;
 }
 
+/*
+ * Which connection conn is: 0 while closed, otherwise a number that changes
+ * whenever it is made again (a subscriber's subscriptions are gone then)
+ */
+uint32
+rl_conn_open_id(RLConn *conn)
+{
+	return conn->stream != NULL ? conn->connects : 0;
+}
+
 /* "host:port" of the connection, for messages */
 const char *
 rl_conn_label(RLConn *conn)

@@ -36,16 +36,46 @@ cause_text(uint8 cause)
 }
 
 /*
+ * Whom a loss counts for (unreported_loss): the cancel being reported, or
+ * a statement in the transaction that was idle when it came.
+ */
+typedef enum LossFor
+{
+	LOSS_FOR_CANCEL,			/* the worker's signal came in this statement */
+	LOSS_FOR_TRANSACTION		/* found since the transaction began */
+} LossFor;
+
+/*
+ * Did the loss (found at lost_at, its holder signalled at cancelled_at)
+ * come within what began at since?  For a cancel: the worker records when
+ * its signal had been sent only after kill() returns, so a signal recorded
+ * before the statement began was served before it (ignored while the
+ * session idled) and a cancel now is someone else's; one not recorded yet,
+ * or recorded since, is the worker's.  Comparing when the loss was found
+ * instead would take the worker's cancel for a user's whenever the holder
+ * began its next statement between the finding and the signal.
+ */
+static bool
+loss_within(LossFor what, TimestampTz since, TimestampTz lost_at,
+			TimestampTz cancelled_at)
+{
+	if (what == LOSS_FOR_CANCEL)
+		return cancelled_at == 0 || cancelled_at >= since;
+	return lost_at >= since;
+}
+
+/*
  * A held lock of this session the worker found lost and that was not
- * reported yet, with what the worker recorded; since (when not 0): only a
- * loss found at or after it.  NULL when there is none.
+ * reported yet, with what the worker recorded; only a loss within what
+ * began at since (loss_within).  NULL when there is none.
  */
 static RLHeld *
-unreported_loss(TimestampTz since, uint8 *cause, TimestampTz *lost_at,
-				uint8 *on_lost)
+unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
+				TimestampTz *lost_at, uint8 *on_lost)
 {
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
+	TimestampTz cancelled_at;
 
 	if (rl_lt_held == NULL || !rl_watchdog_enabled())
 		return NULL;
@@ -54,9 +84,10 @@ unreported_loss(TimestampTz since, uint8 *cause, TimestampTz *lost_at,
 	{
 		if (RL_HOLDS(e) == 0 || e->lost || e->registry_slot < 0)
 			continue;
-		if (!rl_registry_loss(e->registry_slot, cause, lost_at, on_lost))
+		if (!rl_registry_loss(e->registry_slot, cause, lost_at, on_lost,
+							  &cancelled_at))
 			continue;
-		if (since != 0 && *lost_at < since)
+		if (!loss_within(what, since, *lost_at, cancelled_at))
 			continue;
 		hash_seq_term(&seq);
 		return e;
@@ -127,12 +158,12 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 		return;
 	}
 	/*
-	 * Only a loss found while this statement ran: the worker's cancel for
-	 * one found while the session was idle was ignored, and a cancel now
-	 * is someone else's
+	 * Only a loss whose cancel came in this statement: the worker's cancel
+	 * for one found while the session was idle was ignored, and a cancel
+	 * now is someone else's
 	 */
-	e = unreported_loss(GetCurrentStatementStartTimestamp(), &cause,
-						&lost_at, &on_lost);
+	e = unreported_loss(LOSS_FOR_CANCEL, GetCurrentStatementStartTimestamp(),
+						&cause, &lost_at, &on_lost);
 	if (e != NULL && on_lost == RL_ON_LOST_ERROR)
 	{
 		mark_reported(e);
@@ -170,11 +201,14 @@ rl_lost_note_before_drop(RLHeld *e)
 	uint8		cause;
 	uint8		on_lost;
 	TimestampTz lost_at;
+	TimestampTz cancelled_at;
 
 	if (e->lost || e->registry_slot < 0 ||
-		!rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost) ||
+		!rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost,
+						  &cancelled_at) ||
 		on_lost != RL_ON_LOST_ERROR ||
-		lost_at < GetCurrentStatementStartTimestamp())
+		!loss_within(LOSS_FOR_CANCEL, GetCurrentStatementStartTimestamp(),
+					 lost_at, cancelled_at))
 		return;
 	dropped_loss.set = true;
 	strlcpy(dropped_loss.name, e->name, sizeof(dropped_loss.name));
@@ -217,7 +251,8 @@ rl_lost_check_statement(void)
 	events = rl_registry_lost_events();
 	if (events == seen_events)
 		return;
-	e = unreported_loss(GetCurrentTransactionStartTimestamp(), &cause,
+	e = unreported_loss(LOSS_FOR_TRANSACTION,
+						GetCurrentTransactionStartTimestamp(), &cause,
 						&lost_at, &on_lost);
 	if (e == NULL || on_lost != RL_ON_LOST_ERROR)
 	{
@@ -249,12 +284,14 @@ rl_check_lock(const char *name)
 		uint8		cause = RL_LOST_NOT_OURS;
 		uint8		on_lost;
 		TimestampTz lost_at;
+		TimestampTz cancelled_at;
 
 		if (e == NULL || RL_HOLDS(e) == 0)
 			continue;
 		if (e->lost ||
 			(e->registry_slot >= 0 &&
-			 rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost)))
+			 rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost,
+							  &cancelled_at)))
 		{
 			if (!e->lost)
 				mark_reported(e);

@@ -130,6 +130,17 @@ is_message_for(RLReply *r, const char *channel)
 }
 
 /*
+ * Does a keyspace event say the key is gone (deleted, expired, evicted)?
+ * Other events on it (a renewal's "expire", "hset") do not.
+ */
+static bool
+is_gone_event(const char *event)
+{
+	return strcmp(event, "del") == 0 || strcmp(event, "expired") == 0 ||
+		strcmp(event, "evicted") == 0;
+}
+
+/*
  * Is this push a keyspace notification that the key is gone (deleted,
  * expired, evicted)?  Other events on it (a renewal's "expire", "hset") are
  * not a reason to try again.
@@ -143,8 +154,7 @@ is_key_gone(RLReply *r, const char *kchannel)
 		r->element[2]->type != REDIS_REPLY_STRING)
 		return false;
 	event = r->element[2]->str;
-	return strcmp(event, "del") == 0 || strcmp(event, "expired") == 0 ||
-		strcmp(event, "evicted") == 0;
+	return is_gone_event(event);
 }
 
 /*
@@ -270,6 +280,37 @@ wakes_any(RLReply *r, RLConn *conn, RLConn **subs, int n,
 }
 
 /*
+ * Send what is unsent and read what came on the sockets a latch wait found
+ * ready (sw's owners index conns).  Returns false when a connection broke:
+ * it is closed, its subscriptions gone.
+ */
+static bool
+pump_ready(SockWait *sw, RLConn **conns)
+{
+	int			i;
+
+	for (i = 0; i < sw->nready; i++)
+	{
+		RLConn	   *c = conns[sw->ready[i]];
+		bool		progress;
+		RLStreamFailure failure;
+		char	   *reason;
+
+		if (c->stream == NULL)
+			continue;
+		if ((rl_has_unsent(c) &&
+			 rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED) ||
+			(((sw->ready_ev[i] & WL_SOCKET_READABLE) || rl_stream_is_tls(c->stream)) &&
+			 rl_stream_read(c->stream, &failure, &reason) == RL_STREAM_FAILED))
+		{
+			rl_conn_close(c);
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
  * Wait up to timeout_ms for a message on any entry's channel, or a keyspace
  * notification that any entry's key is gone.  Returns true when woken, or
  * when a subscriber connection broke (the caller retries at once and
@@ -361,25 +402,170 @@ rl_wait_for_any_message(RLConn **subs, int n, const char **channels,
 			}
 			continue;
 		}
-		if (rl_wait_sockets(&sw, wait_ms, RL_WAIT_RELEASE) < 0)
+		if (rl_wait_sockets(&sw, wait_ms, RL_WAIT_RELEASE) < 0 ||
+			!pump_ready(&sw, conns))
 			return true;
-		for (i = 0; i < sw.nready; i++)
-		{
-			RLConn	   *c = conns[sw.ready[i]];
-			bool		progress;
-			RLStreamFailure failure;
-			char	   *reason;
+	}
+}
 
-			if (c->stream == NULL)
-				continue;
-			if ((rl_has_unsent(c) &&
-				 rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED) ||
-				(((sw.ready_ev[i] & WL_SOCKET_READABLE) || rl_stream_is_tls(c->stream)) &&
-				 rl_stream_read(c->stream, &failure, &reason) == RL_STREAM_FAILED))
-			{
-				rl_conn_close(c);
-				return true;
-			}
+/* ----------------------------------------------------------------
+ * Keyspace notifications alone, for the watchdog's watch of the locks it
+ * renews (watchevents.c): entry i is key i on subscriber connection
+ * subs[i].  The wait reports which keys are gone, not only that one is.
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * SUBSCRIBE to the keyspace notifications of every entry, pipelined per
+ * connection, waiting up to timeout_ms for the confirmations; failures as
+ * in rl_subscribe (a refused subscription closes its connection).  Returns
+ * what went wrong first, or NULL.
+ */
+char *
+rl_subscribe_keyspace(RLConn **subs, const char **keys, int n, int timeout_ms)
+{
+	RLCall	   *calls = palloc0(sizeof(RLCall) * Max(n, 1));
+	char	   *problem = NULL;
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		const char *argv[2] = {"SUBSCRIBE", keyspace_channel(subs[i], keys[i])};
+
+		rl_call_set(&calls[i], subs[i], 2, argv, NULL);
+	}
+	rl_run(calls, n, RL_RUN_SOFT, timeout_ms);
+	for (i = 0; i < n; i++)
+	{
+		bool		refused = calls[i].reply != NULL &&
+			calls[i].reply->type == REDIS_REPLY_ERROR;
+
+		if ((refused || calls[i].reply == NULL) && problem == NULL)
+			problem = rl_call_problem(&calls[i]);
+		if (refused)
+			rl_conn_close(subs[i]);
+	}
+	pfree(calls);
+	return problem;
+}
+
+/* UNSUBSCRIBE every entry without waiting, as rl_unsubscribe_async */
+void
+rl_unsubscribe_keyspace_async(RLConn **subs, const char **keys, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		const char *argv[2] = {"UNSUBSCRIBE", keyspace_channel(subs[i], keys[i])};
+		size_t		argvlen[2] = {11, strlen(argv[1])};
+
+		if (subs[i]->stream != NULL)
+			rl_stream_append(subs[i]->stream, 2, argv, argvlen);
+	}
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *c = subs[i];
+		bool		progress;
+		RLStreamFailure failure;
+		char	   *reason;
+
+		if (c->stream == NULL || !rl_has_unsent(c))
+			continue;
+		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
+			rl_conn_close(c);
+	}
+}
+
+/*
+ * Hand every keyspace notification of a key gone that conn has buffered to
+ * gone (the key, without the channel's prefix).  Returns false when the
+ * connection broke (it is closed).
+ */
+static bool
+drain_keyspace_gone(RLConn *conn, RLKeyGoneCallback gone, void *arg, bool *any)
+{
+	char	   *prefix = keyspace_channel(conn, "");
+	size_t		plen = strlen(prefix);
+
+	for (;;)
+	{
+		RLReply    *r;
+		RLFailure	failure;
+		char	   *err;
+
+		if (!rl_next_reply(conn, &r, &failure, &err))
+		{
+			rl_conn_close(conn);
+			return false;
 		}
+		if (r == NULL)
+			return true;
+		if (r->type == REDIS_REPLY_ARRAY && r->elements >= 3 &&
+			r->element[0]->type == REDIS_REPLY_STRING &&
+			r->element[1]->type == REDIS_REPLY_STRING &&
+			r->element[2]->type == REDIS_REPLY_STRING &&
+			strcmp(r->element[0]->str, "message") == 0 &&
+			strncmp(r->element[1]->str, prefix, plen) == 0 &&
+			is_gone_event(r->element[2]->str))
+		{
+			gone(r->element[1]->str + plen, arg);
+			*any = true;
+		}
+	}
+}
+
+/*
+ * Wait up to timeout_ms, or until the latch is set, for keyspace
+ * notifications that keys are gone on any of conns, handing each key to
+ * gone.  Other pushes (confirmations, a renewal's own "expire") are read
+ * and skipped without returning.  Returns false when a connection broke:
+ * it is closed, and its subscriptions must be made again.  Interrupts are
+ * checked as in every latch wait (rl_wait_sockets).
+ */
+bool
+rl_wait_keyspace_gone(RLConn **conns, int n, long timeout_ms,
+					  RLKeyGoneCallback gone, void *arg)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   timeout_ms);
+
+	for (;;)
+	{
+		SockWait	sw;
+		bool		any = false;
+		TimestampTz now;
+		int			i;
+
+		for (i = 0; i < n; i++)
+			if (conns[i]->stream != NULL &&
+				!drain_keyspace_gone(conns[i], gone, arg, &any))
+				return false;
+		if (any)
+			return true;
+		now = GetCurrentTimestamp();
+		if (now >= deadline)
+			return true;
+		sw.nsock = 0;
+		for (i = 0; i < n; i++)
+			if (conns[i]->stream != NULL)
+				rl_sock_add(&sw, rl_stream_socket(conns[i]->stream),
+							rl_stream_events(conns[i]->stream), i);
+		if (sw.nsock == 0)
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 (long) ((deadline - now + 999) / 1000),
+							 rl_wait_event(RL_WAIT_WATCHDOG));
+			ResetLatch(MyLatch);
+			return true;
+		}
+		if (rl_wait_sockets(&sw, (long) ((deadline - now + 999) / 1000),
+							RL_WAIT_WATCHDOG) < 0)
+			return true;
+		/* woken by the latch: the worker has something to look at */
+		if (sw.nready == 0 && GetCurrentTimestamp() < deadline)
+			return true;
+		if (!pump_ready(&sw, conns))
+			return false;
 	}
 }

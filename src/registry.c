@@ -340,6 +340,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->state = SLOT_RESERVED;
 	s->in_flight = 0;
 	s->late_grant = false;
+	s->check_now = false;
 	s->horizon = 0;
 	s->renew_every_ms = 0;
 	s->st.pid = MyProcPid;
@@ -350,6 +351,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->st.watchdog = false;
 	s->st.lost = false;
 	s->st.lost_at = 0;
+	s->st.cancelled_at = 0;
 	s->st.on_lost = RL_ON_LOST_WARN;
 	s->st.session_holds = s->st.xact_holds = 0;
 	s->st.fence = 0;
@@ -578,7 +580,8 @@ rl_registry_wait_idle(int slot)
  * worker writes lost last).
  */
 bool
-rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost)
+rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost,
+				 TimestampTz *cancelled_at)
 {
 	RLSlot	   *s;
 
@@ -591,6 +594,7 @@ rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost)
 	*cause = s->st.lost_cause;
 	*lost_at = s->st.lost_at;
 	*on_lost = s->st.on_lost;
+	*cancelled_at = s->st.cancelled_at;
 	return true;
 }
 

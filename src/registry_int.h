@@ -2,8 +2,9 @@
  *
  * registry_int.h
  *	  The layout of the shared registry, for registry.c, which owns it, and
- *	  the watchdog worker (watchdog.c), which renews and frees its slots.
- *	  Nothing else includes this: backends use the calls of watchdog.h.
+ *	  the watchdog worker (watchdog.c), which renews and frees its slots,
+ *	  and its keyspace watch (watchevents.c).  Nothing else includes this:
+ *	  backends use the calls of watchdog.h.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -51,6 +52,9 @@ typedef struct RLSlot
 								 * command for it under way */
 	bool		late_grant;		/* orphan: an acquire whose reply was lost may
 								 * still be run by Redis */
+	bool		check_now;		/* held: a keyspace notification said its
+								 * key is gone: renew it at once
+								 * (watchevents.c) */
 	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
 								 * late grant (0: last renewal + lease) */
 	TimestampTz not_before;		/* orphan: the worker starts no release before
@@ -133,5 +137,9 @@ rl_serving_lane(const RLSharedTarget *st)
 
 extern void rl_registry_init(void);
 extern void rl_slot_free(int idx);
+
+/* watchevents.c: the worker's keyspace watch of the locks it renews */
+extern void rl_watch_events_sync(RLLane lane);
+extern void rl_watch_events_wait(long sleep_ms);
 
 #endif							/* RL_REGISTRY_INT_H */

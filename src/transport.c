@@ -179,6 +179,7 @@ start_connect(RunConn *rc, TimestampTz now)
 		rl_stats_add(RL_STAT_RECONNECTS, 1);
 	}
 	conn->ever_connected = true;
+	conn->connects++;
 	conn->generation = rl_settings_generation;
 	rc->connecting = true;
 	rc->connect_deadline = address_deadline(rc, GetCurrentTimestamp());

@@ -108,6 +108,7 @@ typedef enum RLRunMode
 
 extern RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber);
 extern const char *rl_conn_label(RLConn *conn);
+extern uint32 rl_conn_open_id(RLConn *conn);
 extern void rl_use_credentials(const char *password,
 							   const char *sentinel_password);
 extern void rl_use_settings_credentials(void);
@@ -157,6 +158,13 @@ extern void rl_unsubscribe_each_async(RLConn **subs, int n, const char *cmd,
 extern bool rl_wait_for_any_message(RLConn **subs, int n,
 									const char **channels, const char **keys,
 									long timeout_ms);
+extern char *rl_subscribe_keyspace(RLConn **subs, const char **keys, int n,
+								   int timeout_ms);
+extern void rl_unsubscribe_keyspace_async(RLConn **subs, const char **keys,
+										  int n);
+typedef void (*RLKeyGoneCallback) (const char *key, void *arg);
+extern bool rl_wait_keyspace_gone(RLConn **conns, int n, long timeout_ms,
+								  RLKeyGoneCallback gone, void *arg);
 
 extern bool rl_reply_is_error(RLReply *r, const char *prefix);
 

@@ -34,6 +34,8 @@ struct RLConn
 	uint64		generation;		/* settings generation at connect */
 	bool		busy;			/* replies outstanding from a cut-short run */
 	bool		ever_connected;
+	uint32		connects;		/* connections made so far: a subscriber's
+								 * subscriptions stand while this stays */
 	int			commands;		/* probed commands it knows (bit mask), or
 								 * RL_COMMANDS_UNKNOWN / _REFUSED */
 	char	   *commands_refusal;	/* when refused: the error, for messages */

@@ -579,6 +579,7 @@ mark_jobs_in_flight(Job *jobs, int n)
 		{
 			/* its backend waits for this before acting on it again */
 			s->in_flight = 1 + my_lane;
+			s->check_now = false;
 			jobs[m++] = jobs[k];
 		}
 	}
@@ -651,6 +652,18 @@ stop_holders(Job *jobs, int n)
 		if (!j->lost_now)
 			continue;
 		j->lost_now = false;
+		if (j->on_lost != RL_ON_LOST_WARN && j->holder_pid > 0)
+		{
+			RLSlot	   *s = &rl_shared->slots[j->slot];
+
+			(void) kill(j->holder_pid,
+						j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT);
+			/* only now: see loss_within (locklost.c) */
+			LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+			if (s->generation == j->generation && s->state == SLOT_HELD)
+				s->st.cancelled_at = GetCurrentTimestamp();
+			LWLockRelease(rl_shared->lock);
+		}
 		action = j->on_lost == RL_ON_LOST_ERROR ? "cancelling its statement" :
 			j->on_lost == RL_ON_LOST_TERMINATE ? "terminating it" :
 			"it is warned at its next call";
@@ -661,10 +674,6 @@ stop_holders(Job *jobs, int n)
 						"no renewal was answered before its lease ran out" :
 						"Redis no longer holds its owner value (expired, deleted or taken by another client)",
 						action)));
-		if (j->on_lost == RL_ON_LOST_WARN || j->holder_pid <= 0)
-			continue;
-		(void) kill(j->holder_pid,
-					j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT);
 	}
 }
 
@@ -1051,7 +1060,8 @@ slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
 		take_at = Max(TimestampTzPlusMilliseconds(*due, -2 * ahead),
 					  TimestampTzPlusMilliseconds(s->st.last_renewed_at,
 												  renewal_period(s) / 2));
-		if (take_at > scan->start)
+		/* a keyspace notification said its key is gone: now */
+		if (take_at > scan->start && !s->check_now)
 		{
 			scan->next_due = Min(scan->next_due,
 								 Max(take_at, TimestampTzPlusMilliseconds(*due, -ahead)));
@@ -1284,14 +1294,14 @@ rl_watchdog_main(Datum arg)
 		/* busy: a lock registered during the cycle wakes it again */
 		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane], (uint64) PG_INT64_MAX);
 		sleep_ms = worker_cycle();
-		MemoryContextSwitchTo(old);
-		MemoryContextReset(cxt);
+		/* keyspace notifications of the locks it renews, where sent */
+		rl_watch_events_sync(my_lane);
 		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane],
 							(uint64) TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms));
 
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 sleep_ms, rl_wait_event(RL_WAIT_WATCHDOG));
-		ResetLatch(MyLatch);
+		rl_watch_events_wait(sleep_ms);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(cxt);
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{

@@ -29,6 +29,8 @@ typedef struct RLLockState
 	uint8		on_lost;		/* RLOnLost, as set when it was taken */
 	uint8		lost_cause;		/* RLLostCause, once lost */
 	TimestampTz lost_at;		/* when the worker found it lost */
+	TimestampTz cancelled_at;	/* when its holder had been signalled for
+								 * the loss (0: not yet, or never) */
 	int			session_holds;
 	int			xact_holds;
 	int64		fence;
@@ -94,7 +96,7 @@ extern uint32 rl_registry_settled_events(void);
 extern void rl_registry_wait_idle(int slot);
 extern bool rl_registry_lost(int slot);
 extern bool rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
-							 uint8 *on_lost);
+							 uint8 *on_lost, TimestampTz *cancelled_at);
 extern TimestampTz rl_registry_renewed_at(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);

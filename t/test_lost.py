@@ -446,3 +446,155 @@ def test_a_login_only_role_can_check_and_choose_only_for_itself(env):
     rc.delete("owned-elsewhere")
     err = ended_with(owner, DETECT + 2)
     assert err is not None and err.pgcode == "40001", err   # its own error, not terminate
+
+
+# ----------------------------------------------------------------------
+# Detection by keyspace notification (watchevents.c): where the server
+# sends them, the worker is subscribed to every lock it renews, and a key
+# deleted, expired or evicted is renewed at once, so the loss is found
+# without waiting for the next renewal.  A 30 s lease is renewed every
+# 10 s: a loss found within a second was found by the event.
+# ----------------------------------------------------------------------
+EVENT_BOUND = 1.0       # s; measured ~0.01 s, doc/leases.md
+
+
+def keyspace_channel(key):
+    return "__keyspace@0__:" + key
+
+
+def worker_watches(rc, key):
+    ch = keyspace_channel(key)
+    return dict(rc.pubsub_numsub(ch)).get(ch.encode(), 0) >= 1
+
+
+@pytest.fixture
+def events(env):
+    r, rc, pg, admin, session = env
+    rc.config_set("notify-keyspace-events", "Kgx")
+    yield env
+    rc.config_set("notify-keyspace-events", "")
+
+
+@pytest.mark.parametrize("how", ["deleted", "taken", "expired"])
+def test_a_keyspace_notification_finds_the_loss_at_once(events, how):
+    r, rc, pg, admin, session = events
+    a = session()
+    a.run("SET redis_lock.lease_time = '30s'")
+    assert a.run("SELECT redis_lock_acquire('evented') > 0")
+    testbed.wait_until(lambda: worker_watches(rc, "evented"), 10,
+                       what="the worker subscribed to the key's notifications")
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    t0 = time.monotonic()
+    if how == "expired":
+        rc.pexpire("evented", 1)        # a foreign client cuts the lease
+        testbed.wait_until(lambda: not rc.exists("evented"), 5, what="expired")
+    else:
+        take_over(rc, "evented", how)
+    err = ended_with(a, 15)
+    took = time.monotonic() - t0
+    print("\n%s, by keyspace notification: statement failed %.3f s after the loss"
+          % (how, took))
+    assert err is not None and err.pgcode == "40001", err
+    assert 'Redis lock "evented" was lost' in str(err)
+    assert took < EVENT_BOUND, took
+    if how == "taken":
+        assert rc.get("evented") == b"service-token"
+    # the lost lock is watched no more
+    testbed.wait_until(lambda: not worker_watches(rc, "evented"), 10,
+                       what="the worker unsubscribed")
+
+
+def test_without_notifications_the_loss_waits_for_the_renewal(env):
+    """The other side of the measurement: the same loss with the server
+    sending no notifications is found by the next renewal only."""
+    r, rc, pg, admin, session = env
+    a = session()
+    a.run("SET redis_lock.lease_time = '6s'")   # renewed every 2 s
+    assert a.run("SELECT redis_lock_acquire('polled') > 0")
+    testbed.wait_until(lambda: worker_watches(rc, "polled"), 10,
+                       what="subscribed, though nothing will be sent")
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    t0 = time.monotonic()
+    rc.delete("polled")
+    err = ended_with(a, 10)
+    took = time.monotonic() - t0
+    print("\ndeleted, by renewal: statement failed %.3f s after the loss" % took)
+    assert err is not None and err.pgcode == "40001", err
+    assert took < 2.0 + 0.2 + 1.0, took
+
+
+def test_a_holders_own_renewals_and_releases_raise_no_alarm(events):
+    """Its own PEXPIREs publish "expire" and its own releases "del": neither
+    makes a renewal due nor a lock lost, however often."""
+    r, rc, pg, admin, session = events
+    rc.config_set("notify-keyspace-events", "KEA")
+    a = session()
+    a.run("SET redis_lock.lease_time = '3s'")
+    lost_before = a.run("SELECT lost FROM redis_lock_stats()")
+    assert a.run("SELECT redis_lock_acquire('quiet') > 0")
+    testbed.wait_until(lambda: worker_watches(rc, "quiet"), 10, what="subscribed")
+    for _ in range(100):
+        assert a.run("SELECT redis_lock_release('quiet')")
+        assert a.run("SELECT redis_lock_acquire('quiet') > 0")
+
+    def renewals():
+        return a.run("SELECT renewals FROM redis_lock_stats()")
+    # the releases' "del"s may each have made a renewal due once (early, not
+    # wrong); from the next renewal on, only the lease/3 period counts
+    r0 = renewals()
+    testbed.wait_until(lambda: renewals() > r0, 10, what="a renewal")
+    r1 = renewals()
+    t0 = time.monotonic()
+    testbed.wait_until(lambda: renewals() >= r1 + 2, 10, what="two more renewals")
+    took = time.monotonic() - t0
+    # two renewals of a 3 s lease take about two periods: not a loop
+    assert took > 1.5, took
+    assert renewals() <= r1 + 3
+    assert a.run("SELECT lost FROM redis_lock_stats()") == lost_before
+    assert a.run("SELECT NOT lost FROM redis_lock_held() WHERE lock_name = 'quiet'")
+
+
+def test_a_user_denied_the_channels_is_told_once_and_renewals_still_find_losses():
+    """Redis 7 gives new ACL users no channels: the worker's subscription is
+    refused, logged once for as long as it keeps being refused (it tries
+    again, backing off), and the loss is found by the renewal instead."""
+    r = testbed.Redis().start()
+    pg = None
+    a = None
+    try:
+        rc = r.client()
+        rc.execute_command("ACL", "SETUSER", "nochan", "reset", "on", ">pw",
+                           "~*", "resetchannels", "+@all")
+        rc.config_set("notify-keyspace-events", "Kgx")
+        pg = testbed.Postgres(conf={
+            "redis_lock.url": "redis://nochan@127.0.0.1:%d/0" % r.port,
+            "redis_lock.password": "pw",
+            "redis_lock.lease_time": "3s"}).init().start().with_extension()
+        admin = pg.connect()
+        a = Session(pg)
+        assert a.run("SELECT redis_lock_acquire('denied') > 0")
+
+        def refusals():
+            return sum(int(e[e.index(b"count") + 1]) for e in
+                       rc.execute_command("ACL", "LOG")
+                       if b"channel" in e[e.index(b"reason") + 1])
+        # refused, and tried again after backing off
+        testbed.wait_until(lambda: refusals() >= 3, 20, what="three refused subscriptions")
+        line = "could not subscribe to the keyspace notifications"
+        assert pg.log_text().count(line) == 1
+        a.start("SELECT pg_sleep(60)")
+        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+        t0 = time.monotonic()
+        rc.delete("denied")
+        err = ended_with(a, DETECT + 2)
+        assert err is not None and err.pgcode == "40001", err
+        assert time.monotonic() - t0 < DETECT
+        admin.close()
+    finally:
+        if a is not None:
+            a.close()
+        if pg is not None:
+            pg.cleanup()
+        r.stop()
