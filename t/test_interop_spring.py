@@ -108,6 +108,11 @@ def obtains(rc):
     return sum(st.get(c, {}).get("calls", 0) for c in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
+def calls(rc, command):
+    """How often the server ran command (0 where it does not know it)."""
+    return rc.info("commandstats").get("cmdstat_" + command, {}).get("calls", 0)
+
+
 def spring_waits(spring, rc, rid, before):
     """Until the Spring request rid has found the lock busy twice (a PUB_SUB
     waiter: its first attempt and its re-check after registering for the
@@ -149,8 +154,13 @@ def test_spring_lock_is_the_sql_lock_of_the_same_name(spring, sessions, rc, mode
     assert a.run("SELECT redis_lock_try_acquire('orders')") is False
     assert a.run("SELECT redis_lock_release('orders')") is False
     assert rc.get(PREFIX + "orders") == spring.client_id[mode].encode()
+    delex = calls(rc, "delex")
     assert spring.call("t1", "unlock", mode, "orders") is True
     assert rc.exists(PREFIX + "orders") == 0
+    # Spring's SPIN_LOCK unlock is DELEX key IFEQ id on Redis 8.4+, its
+    # PUB_SUB_LOCK unlock always a script (UNLINK and PUBLISH)
+    native = spring.server == "redis-8.6" and mode == "spin"
+    assert calls(rc, "delex") - delex == (1 if native else 0)
     # and Spring neither takes nor unlocks SQL's
     assert a.run("SELECT redis_lock_acquire('orders', ttl => '30s') > 0")
     token = rc.get(PREFIX + "orders")
@@ -315,6 +325,7 @@ def test_spring_renewal_scheduler_keeps_its_lock_from_sql(spring, sessions, rc):
     a = sessions()
     spring.call("main", "registry", "renewing", REGISTRY, "spin", 1500, 1)
     assert spring.call("t6", "lock", "renewing", "long") is True
+    sets, scripts = calls(rc, "set"), obtains(rc)
     renewals, last = 0, rc.pttl(PREFIX + "long")
     t_end = time.monotonic() + 4.5
     while time.monotonic() < t_end:
@@ -325,6 +336,12 @@ def test_spring_renewal_scheduler_keeps_its_lock_from_sql(spring, sessions, rc):
         last = ttl
         time.sleep(0.05)
     assert renewals >= 5
+    # each renewal: SET key id IFEQ id PX on Redis 8.4+, else a script (after
+    # one SET IFEQ that Redis 7.0 refuses: Spring then stops trying it)
+    if spring.server == "redis-8.6":
+        assert calls(rc, "set") - sets >= renewals and obtains(rc) == scripts
+    else:
+        assert obtains(rc) - scripts >= renewals
     assert a.run("SELECT redis_lock_try_acquire('long')") is False
     assert spring.call("t6", "unlock", "renewing", "long") is True
     assert a.run("SELECT redis_lock_try_acquire('long')") is True
@@ -440,6 +457,17 @@ def test_a_login_only_role_sets_it_for_its_own_session(spring, pg, sessions, rc)
             ps.close()
     finally:
         t.close()
+
+
+def test_a_session_that_ends_holding_the_lock_publishes_its_release(spring, pg, rc):
+    """A backend's exit releases what it holds with the names it took them
+    with, so the PUB_SUB_LOCK waiter is woken by the exit too."""
+    s = Session(pg)
+    s.run("SET redis_lock.release_channel_prefix = %s", (CHANNEL_PREFIX,))
+    assert s.run("SELECT redis_lock_acquire('leaver', ttl => '30s') > 0")
+    assert spring_waiter_latency(spring, rc, "pubsub", "leaver", lambda: s.close() is None) \
+        < WAKE_BOUND
+    assert spring.call("w", "unlock", "pubsub", "leaver") is True
 
 
 def test_an_acl_refusing_the_publish_leaves_the_release_done(sessions, rc, redis_srv):

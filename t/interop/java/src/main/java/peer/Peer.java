@@ -220,6 +220,7 @@ public final class Peer {
                 redisson.getFairLock(key).unlock();
                 return true;
             // README: end
+            // README: redisson-nonreentrant
             case "nrlock":
                 if (f.length > 5)
                     nonReentrant(f[3], f[4]).lock(Long.parseLong(f[5]), TimeUnit.MILLISECONDS);
@@ -234,6 +235,7 @@ public final class Peer {
                 return true;
             case "nrheld":
                 return nonReentrant(f[3], f[4]).isHeldByCurrentThread();
+            // README: end
             // README: redisson-multilock
             case "multilock":
                 if (f.length > 4)
@@ -333,10 +335,12 @@ public final class Peer {
      * called by name because the 3.x line the peer also builds against has
      * neither.
      */
+    // README: redisson-nonreentrant-get
     private RLock nonReentrant(String kind, String key) throws Exception {
         String getter = kind.equals("fairlock") ? "getNonReentrantFairLock" : "getNonReentrantLock";
         return (RLock) RedissonClient.class.getMethod(getter, String.class).invoke(redisson, key);
     }
+    // README: end
 
     /* the read or the write half of the RReadWriteLock named key */
     private RLock rwLock(String mode, String key) {

@@ -124,6 +124,7 @@ public final class SpringPeer {
             throw new IllegalArgumentException("no registry " + f[3]);
         String path = f[4];
         switch (op) {
+            // README: spring-lock
             case "lock":
                 reg.obtain(path).lock();
                 return true;
@@ -132,6 +133,7 @@ public final class SpringPeer {
             case "unlock":
                 reg.obtain(path).unlock();
                 return true;
+            // README: end
             case "held":
                 return isLocked(reg.obtain(path));
             case "renew":
