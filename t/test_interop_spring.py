@@ -258,11 +258,15 @@ def test_sql_release_publishes_what_spring_publishes(spring, sessions, rc):
         assert a.run("SELECT redis_lock_acquire('fmt', ttl => '30s') > 0")
         assert a.run("SELECT redis_lock_release('fmt')") is True
         ours = next_message(ps)
+        # with_lock's release, sent without waiting for its answer, too
+        assert a.run("SELECT redis_lock_with_lock('fmt', 'SELECT 1')") == 1
+        with_lock = next_message(ps)
     finally:
         ps.close()
     assert theirs["channel"] == b"spring-locks-channel:spring-locks:fmt"
     assert theirs["data"] == b"spring-locks:fmt"
-    assert (ours["channel"], ours["data"]) == (theirs["channel"], theirs["data"])
+    for m in (ours, with_lock):
+        assert (m["channel"], m["data"]) == (theirs["channel"], theirs["data"])
 
 
 def test_spring_release_wakes_sql_waiter_with_and_without_keyspace_events(spring, sessions, rc):
