@@ -294,9 +294,9 @@ note_publish_answer(RLLockOp *op, RLCall *unit)
 			 errmsg("could not publish the release of Redis key \"%s\" on channel \"%s\"",
 					op->names->key, op->names->release_channel),
 			 errdetail_internal("Redis answered: %s", r->str),
-			 errhint("The release itself is not affected; waiters on that channel "
-					 "see it when they next look.  redis_lock.release_channel_prefix "
-					 "is reported once per session.")));
+			 errhint("The release itself is done; waiters on that channel find it "
+					 "when they next look.  A refused publish is reported once per "
+					 "session.")));
 }
 
 static void
