@@ -320,6 +320,13 @@ def test_spring_expire_after_lapses_and_sql_takes_over(spring, sessions, rc):
     assert a.run("SELECT held_by_me FROM redis_lock_status('lapse')") is True
     assert a.run("SELECT redis_lock_release('lapse')") is True
     spring.call("main", "destroy", "short")
+    # lock(Duration): a TTL of the lock's own, whatever the registry's
+    assert spring.call("t5", "lockttl", "spin", "lapse", 800) is True
+    assert 0 < rc.pttl(PREFIX + "lapse") <= 800
+    assert a.run("SELECT redis_lock_acquire('lapse', ttl => '30s', wait => '5s') > 0")
+    with pytest.raises(JavaError, match="ConcurrentModificationException"):
+        spring.call("t5", "unlock", "spin", "lapse")
+    assert a.run("SELECT redis_lock_release('lapse')") is True
 
 
 def test_spring_renewal_scheduler_keeps_its_lock_from_sql(spring, sessions, rc):

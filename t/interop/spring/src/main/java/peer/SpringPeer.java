@@ -25,6 +25,8 @@
  *   destroy REG
  * Locks of a registry (PATH: the lock key passed to obtain()):
  *   lock REG PATH; trylock REG PATH WAIT_MS; unlock REG PATH;
+ *   lockttl REG PATH TTL_MS (DistributedLock.lock(Duration): a TTL of
+ *   its own instead of the registry's expireAfter);
  *   held REG PATH (isAcquiredInThisProcess); renew REG PATH (renewLock:
  *   restart the lease by hand);
  *   hold REG PATH HOLD_MS: lock(), sleep HOLD_MS, unlock() (the usual
@@ -37,6 +39,7 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.time.Instant;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
@@ -134,6 +137,9 @@ public final class SpringPeer {
                 reg.obtain(path).unlock();
                 return true;
             // README: end
+            case "lockttl":
+                reg.obtain(path).lock(Duration.ofMillis(Long.parseLong(f[5])));
+                return true;
             case "held":
                 return isLocked(reg.obtain(path));
             case "renew":
