@@ -10,7 +10,10 @@
  *	  nobody knows; and whether a refusal would come again.  A release can
  *	  also be sent without waiting (rl_lock_ops_send) and counted once its
  *	  replies are in (rl_lock_op_answered).  And, from an inspect, whether an
- *	  owner value holds a lock (rl_op_held_by).
+ *	  owner value holds a lock (rl_op_held_by).  What rides behind a
+ *	  node's unit in the same pipeline: WAIT after an acquire
+ *	  (redis_lock.wait_replicas), PUBLISH of the key after a release
+ *	  (RLLockNames.release_channel), whose answer decides nothing.
  *
  *	  Must not: build scripts or names (scripts.c, protocol.c do), keep
  *	  state about held locks (locktable.c does), raise for a node's failure
@@ -232,6 +235,70 @@ add_wait_call(RLCall *call, RLConn *conn, RLTarget *target)
 	call->extra_ms = rl_wait_replicas_timeout_ms;
 }
 
+/*
+ * PUBLISH of the released key on the lock's release channel, after a
+ * node's release in the same pipeline (redis_lock.release_channel_prefix):
+ * sent whatever the release finds, as a spurious message only makes a
+ * waiter look again.
+ */
+static void
+add_publish_call(RLCall *call, RLConn *conn, RLLockOp *op)
+{
+	const char *argv[3] = {"PUBLISH", op->names->release_channel, op->names->key};
+
+	rl_call_set(call, conn, 3, argv, NULL);
+	call->target = op->target;
+	call->key = op->names->key;
+	call->keylen = op->names->keylen;
+	call->follows = true;
+}
+
+/* Does a PUBLISH ride behind op's unit on each node? */
+static bool
+publishes_release(const RLLockOp *op)
+{
+	return op->kind == RL_OP_RELEASE && op->names->release_channel != NULL;
+}
+
+/* Calls per node of op: its unit, and WAIT or PUBLISH behind it */
+static int
+op_stride(const RLLockOp *op)
+{
+	if (op->kind == RL_OP_ACQUIRE && rl_wait_replicas > 0)
+		return op->unit_calls + 1;
+	if (publishes_release(op))
+		return op->unit_calls + 1;
+	return op->unit_calls;
+}
+
+/*
+ * The answer of a release's PUBLISH: only an error reply (an ACL that
+ * denies the channel or the command) is told, once per session, as a
+ * WARNING; the release itself is counted from its unit alone.  Never
+ * raises.
+ */
+static void
+note_publish_answer(RLLockOp *op, RLCall *unit)
+{
+	static bool warned = false;
+	RLReply    *r;
+
+	if (!publishes_release(op) || warned)
+		return;
+	r = unit[op->unit_calls].reply;
+	if (r == NULL || r->type != REDIS_REPLY_ERROR)
+		return;
+	warned = true;
+	ereport(WARNING,
+			(errcode(rl_error_reply_sqlstate(r)),
+			 errmsg("could not publish the release of Redis key \"%s\" on channel \"%s\"",
+					op->names->key, op->names->release_channel),
+			 errdetail_internal("Redis answered: %s", r->str),
+			 errhint("The release itself is done; waiters on that channel find it "
+					 "when they next look.  A refused publish is reported once per "
+					 "session.")));
+}
+
 static void
 reset_op(RLLockOp *op, RLCall *calls)
 {
@@ -303,8 +370,10 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 			rl_build_unit(unit, conns[j], op->kind, op->names, op->lease_ms,
 						  op->fence, op->queue_wait_ms);
 			mark_unit(op, unit, op->unit_calls);
-			if (op->stride > op->unit_calls)
+			if (op->kind == RL_OP_ACQUIRE && op->stride > op->unit_calls)
 				add_wait_call(&unit[op->unit_calls], conns[j], op->target);
+			else if (publishes_release(op))
+				add_publish_call(&unit[op->unit_calls], conns[j], op);
 			if (op->names->script_free && why[j] != NULL)
 			{
 				/* not sent: it answers with why it could not be */
@@ -375,7 +444,8 @@ count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start,
 			RLCall	   *unit = &op->calls[j * op->stride];
 
 			count_answer(op, unit, op->unit_calls, follow);
-			if (op->stride > op->unit_calls)
+			note_publish_answer(op, unit);
+			if (op->kind == RL_OP_ACQUIRE && op->stride > op->unit_calls)
 			{
 				RLReply    *w = unit[op->unit_calls].reply;
 
@@ -475,9 +545,8 @@ void
 		RLLockOp   *op = &ops[i];
 
 		op->unit_calls = rl_unit_calls(op->kind, op->names, op->fence);
-		/* WAIT numreplicas rides in the same pipeline, after the acquire */
-		op->stride = op->unit_calls +
-			(op->kind == RL_OP_ACQUIRE && rl_wait_replicas > 0 ? 1 : 0);
+		/* WAIT or PUBLISH rides in the same pipeline, after the unit */
+		op->stride = op_stride(op);
 		total += rl_target_max_nodes(op->target) * op->stride;
 	}
 	calls = palloc0(sizeof(RLCall) * Max(total, 1));
@@ -531,7 +600,7 @@ rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent)
 
 		Assert(op->kind == RL_OP_RELEASE || op->kind == RL_OP_DEQUEUE);
 		op->unit_calls = rl_unit_calls(op->kind, op->names, op->fence);
-		op->stride = op->unit_calls;
+		op->stride = op_stride(op);
 		op->goes_again = false;
 		total += rl_target_max_nodes(op->target) * op->stride;
 	}
@@ -623,6 +692,7 @@ rl_lock_op_answered(RLLockOp *op)
 				rl_reply_is_error(unit[c].reply, "NOSCRIPT"))
 				op->goes_again = true;
 		count_answer(op, unit, op->unit_calls, &follow);
+		note_publish_answer(op, unit);
 	}
 	/* a release never asks for a second round; were it to, run it again */
 	if (follow.n > 0)

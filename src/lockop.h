@@ -51,7 +51,9 @@ typedef struct RLLockOp
 	int64		elapsed_ms;
 	int			unit_calls;		/* calls of one node's unit (protocol.h) */
 	int			stride;			/* calls per node: the unit, and WAIT after
-								 * it when redis_lock.wait_replicas > 0 */
+								 * an acquire when redis_lock.wait_replicas
+								 * > 0, or PUBLISH after a release with a
+								 * release_channel */
 	int			replicas_short; /* nodes where WAIT saw too few replicas */
 	bool		goes_again;		/* sent without waiting: a node did not run
 								 * it, and would be asked again (see

@@ -257,6 +257,7 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	names->keylen = strlen(key);
 	names->owner[0] = '\0';
 	names->name_counter = false;
+	names->release_channel = NULL;
 
 	if (protocol == RL_PROTOCOL_REDISSON || protocol == RL_PROTOCOL_REDISSON_FAIR)
 	{
@@ -342,8 +343,8 @@ rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 }
 
 /*
- * Names for lock_name under the current protocol, key prefix and scripting
- * setting.  With redis_lock.scripting off only the simple layout has a form
+ * Names for lock_name under the current protocol, key prefix, scripting and
+ * release channel prefix settings.  With redis_lock.scripting off only the simple layout has a form
  * without Lua scripts: any other is refused (0A000) before anything is
  * made or sent.
  */
@@ -366,6 +367,10 @@ rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 	names_around_key(names, protocol, prefix,
 					 concat4(prefix ? prefix : "", lock_name, "", ""));
 	names->script_free = !rl_scripting;
+	if (protocol == RL_PROTOCOL_SIMPLE && rl_release_channel_prefix != NULL &&
+		rl_release_channel_prefix[0] != '\0')
+		names->release_channel = concat4(rl_release_channel_prefix, names->key,
+										 "", "");
 	MemoryContextSwitchTo(old);
 }
 

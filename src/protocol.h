@@ -48,6 +48,11 @@ typedef struct RLLockNames
 	size_t		keylen;
 	char	   *fence_key;
 	char	   *channel;
+	char	   *release_channel;	/* simple layout: where a release also
+									 * publishes the key (the
+									 * redis_lock.release_channel_prefix of
+									 * when it was built, then the key), or
+									 * NULL */
 	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
 	bool		script_free;	/* simple layout without Lua scripts
 								 * (redis_lock.scripting off when built) */

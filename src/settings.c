@@ -34,6 +34,7 @@ char	   *rl_url = NULL;
 char	   *rl_password = NULL;
 char	   *rl_password_file = NULL;
 char	   *rl_key_prefix = NULL;
+char	   *rl_release_channel_prefix = NULL;
 int			rl_lease_time_ms = 30000;
 int			rl_wait_timeout_ms = 10000;
 int			rl_connect_timeout_ms = 2000;
@@ -803,6 +804,23 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.string_default = "",
 		.context = PGC_SUSET,
 		.string_check = check_prefix,
+	},
+
+	/*
+	 * Any role, for its own session: a PUBLISH of the key its own release
+	 * just deleted, which the Redis user the extension connects as may send
+	 * anyway (the simple release script publishes on redis_lock:release:
+	 * channels); a spurious message only makes a waiter look again.  Read
+	 * when a lock is taken (RLLockNames.release_channel), like the key
+	 * prefix; lockop.c pipelines the PUBLISH behind the release.
+	 */
+	{
+		.kind = RL_SETTING_STRING,
+		.name = "redis_lock.release_channel_prefix",
+		.short_desc = "When set, each release of a simple-layout lock also publishes the lock's Redis key on the channel named this prefix followed by the key (Spring RedisLockRegistry waiters: '<registryKey>-channel:').",
+		.string_var = &rl_release_channel_prefix,
+		.string_default = "",
+		.context = PGC_USERSET,
 	},
 	{
 		.kind = RL_SETTING_INT,

@@ -45,6 +45,7 @@ extern char *rl_url;
 extern char *rl_password;
 extern char *rl_password_file;
 extern char *rl_key_prefix;
+extern char *rl_release_channel_prefix;
 extern int	rl_lease_time_ms;
 extern int	rl_wait_timeout_ms;
 extern int	rl_connect_timeout_ms;

@@ -5,6 +5,9 @@
 * JavaPeer: the real Redisson (RLock, RFencedLock; latest 3.x and 4.x) and a
   hand-written Jedis SET NX PX lock, in a JVM (t/interop/java, versions
   pinned in its pom.xml), built by scripts/install-deps (or here when missing).
+* SpringPeer: the real Spring Integration RedisLockRegistry (Spring Data
+  Redis over Lettuce) in a JVM (t/interop/spring, versions pinned in its
+  pom.xml), built by scripts/install-deps (or here when missing).
 * RedsyncPeer: the real Go redsync v4 with go-redis v9
   (t/interop/go, versions pinned in go.mod), built once into
   t/interop/go/bin by scripts/install-deps (or here when missing).
@@ -188,6 +191,51 @@ class JavaPeer:
         except Exception:  # noqa: BLE001
             self.proc.kill()
             self.proc.wait(5)
+
+
+SPRING_DIR = os.path.join(INTEROP_DIR, "spring")
+SPRING_SOURCE = os.path.join(SPRING_DIR, "src", "main", "java", "peer", "SpringPeer.java")
+
+
+def build_spring_peer():
+    """The Spring peer's build, (re)built when missing or older than its
+    source or its pom.xml."""
+    out = os.path.join(SPRING_DIR, "target")
+    built = os.path.join(out, "classes", "peer", "SpringPeer.class")
+    newest = max(os.path.getmtime(SPRING_SOURCE),
+                 os.path.getmtime(os.path.join(SPRING_DIR, "pom.xml")))
+    if not os.path.exists(built) or os.path.getmtime(built) < newest:
+        subprocess.run(["mvn", "-B", "-q", "package"], cwd=SPRING_DIR, check=True, timeout=900)
+    return out
+
+
+def spring_library_version(artifact):
+    """The version of artifact (spring-integration-redis, lettuce-core, ...)
+    the Spring peer runs."""
+    lib = os.path.join(build_spring_peer(), "lib")
+    jar, = [j for j in os.listdir(lib)
+            if j.startswith(artifact + "-") and j[len(artifact) + 1].isdigit()]
+    return jar[len(artifact) + 1:-len(".jar")]
+
+
+class SpringPeer(JavaPeer):
+    """A JVM with one LettuceConnectionFactory and any number of Spring
+    RedisLockRegistry instances, made by the registry op; same line
+    protocol and threads as JavaPeer (t/interop/spring/.../SpringPeer.java
+    lists the ops)."""
+
+    def __init__(self, port):  # noqa: super().__init__ starts Redisson's peer
+        out = build_spring_peer()
+        cp = os.path.join(out, "classes") + ":" + os.path.join(out, "lib", "*")
+        self.proc = subprocess.Popen(
+            ["java", "-cp", cp, "peer.SpringPeer", str(port)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1)
+        self.next_id = 0
+        self.answers = {}
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
 
 def redisson_name(prefix, key):

@@ -447,6 +447,62 @@ def test_java_downgrade_and_force_unlock_of_a_rw_lock(java, sessions, rc):
     assert any("was lost" in n for n in a.conn.notices), a.conn.notices
 
 
+# ================================================================ Redisson, non-reentrant
+
+@pytest.mark.parametrize("kind,protocol", [("lock", "redisson"), ("fairlock", "redisson_fair")],
+                         ids=["RLock", "RFairLock"])
+def test_non_reentrant_locks_exclude_and_hand_over_both_ways(java, sessions, rc, kind, protocol):
+    """Redisson 4.4+'s getNonReentrantLock / getNonReentrantFairLock write
+    the hash of RLock / RFairLock (one field, count 1) and refuse a second
+    hold by the same thread; against SQL under redis_lock.protocol
+    'redisson' / 'redisson_fair' they exclude and hand over both ways like
+    the reentrant ones.  Redisson 3.x has neither method."""
+    if java.line == "3":
+        with pytest.raises(JavaError, match="NoSuchMethodException"):
+            java.call("n1", "nrlock", kind, "nr-absent")
+        pytest.skip("Redisson %s has no non-reentrant locks (4.4+)" % java.version)
+    key = "nr-" + kind
+    a, admin = sessions(), sessions()
+    a.run("SET redis_lock.protocol = %s", (protocol,))
+    field = java.call("n1", "hello")
+    assert java.call("n1", "nrlock", kind, key) is True
+    assert rc.hgetall(key) == {field.encode(): b"1"}
+    assert 0 < rc.pttl(key) <= WATCHDOG_MS
+    # not reentrant: the same thread's second lock fails, the hold stays 1
+    with pytest.raises(JavaError, match="IllegalMonitorStateException.*is non-reentrant"):
+        java.call("n1", "nrtrylock", kind, key, 0, -1)
+    assert rc.hgetall(key) == {field.encode(): b"1"}
+    assert admin.run("SELECT locked, held_by_me, owner FROM redis_lock_status(%s)",
+                     (key,)) == (True, False, field)
+    assert a.run("SELECT redis_lock_try_acquire(%s)", (key,)) is False
+    a.start("SELECT redis_lock_acquire(%s, wait => '20s') > 0", (key,))
+    wait_for_wait_event(admin.conn, a.pid)
+    released = time.monotonic()
+    assert java.call("n1", "nrunlock", kind, key) is True
+    a.join()
+    assert a.error is None and a.result is True
+    report_latency("Redisson " + java.version, "non-reentrant %s: Java unlock -> SQL waiter" % kind,
+                   a.finished_at - released)
+    assert a.finished_at - released < WAKE_BOUND
+    # SQL holds: Java is refused, then waits and is woken by SQL's release
+    assert java.call("n2", "nrtrylock", kind, key, 0, -1) is False
+    waiting = java.send("n2", "nrtrylock", kind, key, 20000, -1)
+    if kind == "fairlock":
+        testbed.wait_until(lambda: rc.llen("redisson_lock_queue:{%s}" % key) == 1, 10,
+                           what="the Java thread to queue")
+    else:
+        wait_for_subscriber(rc, redisson_name("redisson_lock__channel", key))
+    latency = java_waiter_latency(java, waiting, lambda: a.run(
+        "SELECT redis_lock_release(%s)", (key,)))
+    report_latency("Redisson " + java.version, "non-reentrant %s: SQL release -> Java waiter" % kind,
+                   latency)
+    assert latency < WAKE_BOUND
+    assert java.call("n2", "nrheld", kind, key) is True
+    assert rc.hlen(key) == 1
+    assert java.call("n2", "nrunlock", kind, key) is True
+    assert rc.exists(key) == 0
+
+
 # ================================================================ Redisson RFairLock
 
 def test_a_mixed_queue_of_java_threads_and_sql_sessions_is_served_in_arrival_order(

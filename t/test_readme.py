@@ -18,7 +18,8 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["t/test_interop.py", "t/interop/redlock_peer.js",
            "t/interop/redlock_universal_peer.js", "t/interop/go/main.go",
-           "t/interop/java/src/main/java/peer/Peer.java", "t/test_procedures.py"]
+           "t/interop/java/src/main/java/peer/Peer.java",
+           "t/interop/spring/src/main/java/peer/SpringPeer.java", "t/test_procedures.py"]
 MARK = re.compile(r"^\s*(?://|#|--) README: (\S+)\s*$")
 MIGRATION_FILES = ["t/migrations/flyway/flyway.toml", "t/migrations/flyway/sql/*",
                    "t/migrations/liquibase/changelog.sql",

@@ -28,6 +28,11 @@
  * rwforceunlock MODE KEY; rwheld MODE KEY.
  * Fair locks (RFairLock): fairlock KEY [LEASE_MS]; fairtrylock KEY WAIT_MS
  * LEASE_MS; fairunlock KEY.
+ * Non-reentrant locks (Redisson 4.4+: getNonReentrantLock,
+ * getNonReentrantFairLock; on a Redisson without them the ops fail with
+ * NoSuchMethodException), KIND = lock | fairlock: nrlock KIND KEY
+ * [LEASE_MS]; nrtrylock KIND KEY WAIT_MS LEASE_MS; nrunlock KIND KEY;
+ * nrheld KIND KEY.
  * Several RLocks as one (RedissonMultiLock), KEYS = KEY[,KEY...]:
  * multilock KEYS [LEASE_MS]; multitrylock KEYS WAIT_MS LEASE_MS;
  * multiunlock KEYS.
@@ -215,6 +220,22 @@ public final class Peer {
                 redisson.getFairLock(key).unlock();
                 return true;
             // README: end
+            // README: redisson-nonreentrant
+            case "nrlock":
+                if (f.length > 5)
+                    nonReentrant(f[3], f[4]).lock(Long.parseLong(f[5]), TimeUnit.MILLISECONDS);
+                else
+                    nonReentrant(f[3], f[4]).lock();
+                return true;
+            case "nrtrylock":
+                return nonReentrant(f[3], f[4]).tryLock(Long.parseLong(f[5]), Long.parseLong(f[6]),
+                                                       TimeUnit.MILLISECONDS);
+            case "nrunlock":
+                nonReentrant(f[3], f[4]).unlock();
+                return true;
+            case "nrheld":
+                return nonReentrant(f[3], f[4]).isHeldByCurrentThread();
+            // README: end
             // README: redisson-multilock
             case "multilock":
                 if (f.length > 4)
@@ -307,6 +328,19 @@ public final class Peer {
             locks[i] = redisson.getLock(names[i]);
         return redisson.getMultiLock(locks);
     }
+
+    /*
+     * The non-reentrant RLock (kind "lock") or RFairLock (kind "fairlock")
+     * named key: RedissonClient.getNonReentrantLock / getNonReentrantFairLock,
+     * called by name because the 3.x line the peer also builds against has
+     * neither.
+     */
+    // README: redisson-nonreentrant-get
+    private RLock nonReentrant(String kind, String key) throws Exception {
+        String getter = kind.equals("fairlock") ? "getNonReentrantFairLock" : "getNonReentrantLock";
+        return (RLock) RedissonClient.class.getMethod(getter, String.class).invoke(redisson, key);
+    }
+    // README: end
 
     /* the read or the write half of the RReadWriteLock named key */
     private RLock rwLock(String mode, String key) {
