@@ -820,7 +820,7 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.short_desc = "When set, each release of a simple-layout lock also publishes the lock's Redis key on the channel named this prefix followed by the key (Spring RedisLockRegistry waiters: '<registryKey>-channel:').",
 		.string_var = &rl_release_channel_prefix,
 		.string_default = "",
-		.context = PGC_USERSET,
+		.context = PGC_SUSET,
 	},
 	{
 		.kind = RL_SETTING_INT,

@@ -20,6 +20,7 @@ Hand-over latencies (median of several runs) are printed with -s."""
 import statistics
 import time
 
+import psycopg2
 import pytest
 
 from checks import report_latency
@@ -424,20 +425,29 @@ def test_release_publish_rides_in_the_release_round_trip(spring, redis_srv, sess
         proxy.stop()
 
 
-def test_a_login_only_role_sets_it_for_its_own_session(spring, pg, sessions, rc):
-    """USERSET: a role with LOGIN only sets the prefix in its session; its
-    releases (session and transaction scope alike, the prefix read at the
-    acquire) wake a Spring PUB_SUB_LOCK waiter; another session's release
-    publishes nothing on that channel."""
+def test_a_login_only_role_gets_it_from_its_administrator(spring, pg, sessions, rc):
+    """SUSET, like key_prefix: a role with LOGIN only cannot choose the
+    channels its releases publish on (42501); an administrator gives it one
+    with ALTER ROLE ... SET.  Its releases (session and transaction scope
+    alike, the prefix read at the acquire) then wake a Spring PUB_SUB_LOCK
+    waiter; another session's release publishes nothing on that channel."""
     admin = pg.connect()
     with admin.cursor() as cur:
         cur.execute("DROP ROLE IF EXISTS spring_tenant")
         cur.execute("CREATE ROLE spring_tenant LOGIN")
+    t = Session(pg, user="spring_tenant")
+    with pytest.raises(psycopg2.Error) as refused:
+        t.run("SET redis_lock.release_channel_prefix = 'other-app:'")
+    assert refused.value.pgcode == "42501"
+    t.close()
+    with admin.cursor() as cur:
+        cur.execute("ALTER ROLE spring_tenant SET redis_lock.release_channel_prefix = %s",
+                    (CHANNEL_PREFIX,))
     admin.close()
     t = Session(pg, user="spring_tenant")
     other = sessions()
     try:
-        t.run("SET redis_lock.release_channel_prefix = %s", (CHANNEL_PREFIX,))
+        assert t.run("SHOW redis_lock.release_channel_prefix") == CHANNEL_PREFIX
         assert t.run("SELECT redis_lock_acquire('tenant', ttl => '30s') > 0")
         assert spring_waiter_latency(spring, rc, "pubsub", "tenant", lambda: t.run(
             "SELECT redis_lock_release('tenant')")) < WAKE_BOUND
