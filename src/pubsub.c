@@ -223,6 +223,30 @@ rl_subscribe_each(RLConn **subs, int n, const char *cmd, const char **channels,
 	pfree(owner);
 }
 
+/*
+ * Write the unsubscribes appended to each connection, one write per
+ * connection for all of its own; a connection that cannot take them is
+ * closed.
+ */
+static void
+flush_unsubscribes(RLConn **subs, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		RLConn	   *c = subs[i];
+		bool		progress;
+		RLStreamFailure failure;
+		char	   *reason;
+
+		if (c->stream == NULL || !rl_has_unsent(c))
+			continue;
+		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
+			rl_conn_close(c);
+	}
+}
+
 /* Unsubscribe every entry without waiting, as rl_unsubscribe_async */
 void
 rl_unsubscribe_each_async(RLConn **subs, int n, const char *cmd,
@@ -247,19 +271,7 @@ rl_unsubscribe_each_async(RLConn **subs, int n, const char *cmd,
 			rl_stream_append(c->stream, 2, kargv, kargvlen);
 		}
 	}
-	/* one write per connection carries all of its unsubscribes */
-	for (i = 0; i < n; i++)
-	{
-		RLConn	   *c = subs[i];
-		bool		progress;
-		RLStreamFailure failure;
-		char	   *reason;
-
-		if (c->stream == NULL || !rl_has_unsent(c))
-			continue;
-		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
-			rl_conn_close(c);
-	}
+	flush_unsubscribes(subs, n);
 }
 
 /* Does push r on conn wake any entry: its channel, or its key gone? */
@@ -463,18 +475,7 @@ rl_unsubscribe_keyspace_async(RLConn **subs, const char **keys, int n)
 		if (subs[i]->stream != NULL)
 			rl_stream_append(subs[i]->stream, 2, argv, argvlen);
 	}
-	for (i = 0; i < n; i++)
-	{
-		RLConn	   *c = subs[i];
-		bool		progress;
-		RLStreamFailure failure;
-		char	   *reason;
-
-		if (c->stream == NULL || !rl_has_unsent(c))
-			continue;
-		if (rl_stream_write(c->stream, &progress, &failure, &reason) == RL_STREAM_FAILED)
-			rl_conn_close(c);
-	}
+	flush_unsubscribes(subs, n);
 }
 
 /*

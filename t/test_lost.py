@@ -467,6 +467,17 @@ def worker_watches(rc, key):
     return dict(rc.pubsub_numsub(ch)).get(ch.encode(), 0) >= 1
 
 
+def sleep_under_a_watched_lock(a, admin, rc, name, lease):
+    """a takes name with lease and runs a long statement once the worker
+    is subscribed to the key's notifications."""
+    a.run("SET redis_lock.lease_time = %s", (lease,))
+    assert a.run("SELECT redis_lock_acquire(%s) > 0", (name,))
+    testbed.wait_until(lambda: worker_watches(rc, name), 10,
+                       what="the worker subscribed to the key's notifications")
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+
+
 @pytest.fixture
 def events(env):
     r, rc, pg, admin, session = env
@@ -479,12 +490,7 @@ def events(env):
 def test_a_keyspace_notification_finds_the_loss_at_once(events, how):
     r, rc, pg, admin, session = events
     a = session()
-    a.run("SET redis_lock.lease_time = '30s'")
-    assert a.run("SELECT redis_lock_acquire('evented') > 0")
-    testbed.wait_until(lambda: worker_watches(rc, "evented"), 10,
-                       what="the worker subscribed to the key's notifications")
-    a.start("SELECT pg_sleep(60)")
-    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    sleep_under_a_watched_lock(a, admin, rc, "evented", "30s")
     t0 = time.monotonic()
     if how == "expired":
         rc.pexpire("evented", 1)        # a foreign client cuts the lease
@@ -510,12 +516,8 @@ def test_without_notifications_the_loss_waits_for_the_renewal(env):
     sending no notifications is found by the next renewal only."""
     r, rc, pg, admin, session = env
     a = session()
-    a.run("SET redis_lock.lease_time = '6s'")   # renewed every 2 s
-    assert a.run("SELECT redis_lock_acquire('polled') > 0")
-    testbed.wait_until(lambda: worker_watches(rc, "polled"), 10,
-                       what="subscribed, though nothing will be sent")
-    a.start("SELECT pg_sleep(60)")
-    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    # renewed every 2 s; subscribed, though nothing will be sent
+    sleep_under_a_watched_lock(a, admin, rc, "polled", "6s")
     t0 = time.monotonic()
     rc.delete("polled")
     err = ended_with(a, 10)
