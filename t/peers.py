@@ -136,11 +136,14 @@ class JavaPeer:
         jvm = (["-Djavax.net.ssl.trustStore=" + truststore,
                 "-Djavax.net.ssl.trustStorePassword=changeit",
                 "-Djavax.net.ssl.trustStoreType=PKCS12"] if truststore else [])
+        self._start(["java"] + jvm + ["-cp", cp, "peer.Peer", mode,
+                                      ",".join(str(p) for p in ports), str(watchdog_ms)]
+                    + (["rediss"] if truststore else []))
+
+    def _start(self, argv):
+        """Run the JVM and read its answers on a thread of their own."""
         self.proc = subprocess.Popen(
-            ["java"] + jvm + ["-cp", cp, "peer.Peer", mode,
-                              ",".join(str(p) for p in ports), str(watchdog_ms)]
-            + (["rediss"] if truststore else []),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1)
         self.next_id = 0
         self.answers = {}
@@ -227,15 +230,7 @@ class SpringPeer(JavaPeer):
     def __init__(self, port):  # noqa: super().__init__ starts Redisson's peer
         out = build_spring_peer()
         cp = os.path.join(out, "classes") + ":" + os.path.join(out, "lib", "*")
-        self.proc = subprocess.Popen(
-            ["java", "-cp", cp, "peer.SpringPeer", str(port)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1)
-        self.next_id = 0
-        self.answers = {}
-        self.cond = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self._start(["java", "-cp", cp, "peer.SpringPeer", str(port)])
 
 
 def redisson_name(prefix, key):
