@@ -42,7 +42,9 @@ def test_watchdog_keeps_a_2s_lease_through_a_7s_statement(env):
     print("\nrenewal period for a 2s lease: median %.0f ms over %d renewals (expected 667)"
           % (statistics.median(periods) * 1000, len(periods)))
     assert len(renewals) >= 7
-    assert 0.55 < statistics.median(periods) < 0.8
+    # lease/3, started early by the worker's lookahead, which grows on a
+    # loaded machine but never below lease/6 (watchdog.c): not a loop
+    assert 2.0 / 6 < statistics.median(periods) < 0.8
     # another session could not take it at any time; the holder still owns it
     assert b.run("SELECT redis_lock_try_acquire('long-job')") is False
     assert a.run("SELECT redis_lock_release('long-job')") is True

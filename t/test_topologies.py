@@ -1,6 +1,7 @@
 """Beyond one Redis: Redlock over 5 independent masters, Sentinel failover,
 Redis Cluster with a slot migrated mid-run.  Every server runs on loopback
 and is stopped by the test."""
+import statistics
 import time
 
 import psycopg2
@@ -299,7 +300,8 @@ def test_cluster_keyspace_notifications_wake_a_waiter_on_the_keys_node(cluster):
     try:
         for n in nodes:
             n.client().config_set("notify-keyspace-events", "Kgx")
-        for key in ("ks-a", "ks-b", "ks-c", "ks-d"):
+        woke = []
+        for key in ("ks-a", "ks-b", "ks-c", "ks-d", "ks-e", "ks-f", "ks-g", "ks-h"):
             owner, _ = testbed.slot_owner(nodes, key)
             oc = owner.client()
             assert oc.set(key, "foreign-token", nx=True, px=30000)
@@ -313,8 +315,13 @@ def test_cluster_keyspace_notifications_wake_a_waiter_on_the_keys_node(cluster):
             oc.delete(key)
             a.join()
             assert a.error is None and a.result is True
-            assert a.finished_at - released < 0.02 * S
+            woke.append(a.finished_at - released)
             assert a.run("SELECT redis_lock_release(%s)", (key,)) is True
+        # by the notification: a poll (every 100 ms by then) would wake the
+        # waiter in 50 ms on average; the median of eight keys keeps a
+        # waiter descheduled once on a loaded machine from deciding it
+        print("\nwoken after the DEL: %s ms" % ", ".join("%.1f" % (w * 1000) for w in woke))
+        assert statistics.median(woke) < 0.02 * S, woke
     finally:
         a.close()
         admin.close()
