@@ -11,37 +11,15 @@ import testbed  # noqa: E402
 
 
 # Parallel runs (scripts/run-tests with RL_PYTEST_WORKERS, doc/testing.md):
-# pytest-xdist gives each worker whole files (--dist loadfile), in the order
-# collected; every server, port (t/testbed.py gives each worker its own
-# block), temporary directory and peer process of a test is its own.  Tests
-# marked serial run afterwards, alone, in one process: the reason is with
-# each file's pytestmark.
+# pytest-xdist gives each worker whole files (--dist loadfile), those with
+# the most tests first; every server, port (t/testbed.py gives each worker
+# its own block), temporary directory and peer process of a test is its
+# own.  Tests marked serial run afterwards, alone, in one process: the
+# reason is beside each mark.
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "serial: run alone after the parallel pass (a machine-wide "
         "resource or a bound a parallel neighbour would distort)")
-
-
-# The files that take longest go to the workers first, so that the run does
-# not end waiting for one long file that started last (measured with 4
-# workers beside a CPU-bound job, 2026-11-27: each of these took 50-380 s,
-# every other file less).  Only the order changes, and only in workers.
-LONGEST_FIRST = ["test_security", "test_scripting", "test_doubts", "test_interop_java",
-                 "test_guarantees", "test_deadlock", "test_async_release",
-                 "test_migrations", "test_fault_matrix", "test_lease", "test_faults",
-                 "test_tls", "test_renewal", "test_lost", "test_interrupts",
-                 "test_topologies", "test_hostile", "test_lost_edges"]
-
-
-def pytest_collection_modifyitems(session, config, items):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-
-    def key(item):
-        name = os.path.splitext(os.path.basename(str(item.fspath)))[0]
-        return rank.get(name, len(rank))
-    items.sort(key=key)         # stable: a file's own order is kept
 
 
 @pytest.fixture(scope="module")
