@@ -10,6 +10,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 import testbed  # noqa: E402
 
 
+# Parallel runs (scripts/run-tests with RL_PYTEST_WORKERS, doc/testing.md):
+# pytest-xdist gives each worker whole files (--dist loadfile), those with
+# the most tests first; every server, port (t/testbed.py gives each worker
+# its own block), temporary directory and peer process of a test is its
+# own.  Tests marked serial run afterwards, alone, in one process: the
+# reason is beside each mark.
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "serial: run alone after the parallel pass (a machine-wide "
+        "resource or a bound a parallel neighbour would distort)")
+
+
 @pytest.fixture(scope="module")
 def redis_srv():
     r = testbed.Redis().start()

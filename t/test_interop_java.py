@@ -18,6 +18,7 @@ import time
 
 import psycopg2
 import pytest
+import redis
 
 from checks import report_latency
 from conftest import Session, wait_for_wait_event
@@ -648,8 +649,12 @@ class Monitor:
         testbed.wait_until(on, 10, 0, what="MONITOR to show a command")
 
     def _read(self):
+        # its own connection without a read timeout: under load (or while a
+        # JVM call is slow) Redis may run no command for longer than the
+        # test client's 5 s, which is no failure
+        kw = dict(self.client.connection_pool.connection_kwargs, socket_timeout=None)
         try:
-            with self.client.monitor() as mon:
+            with redis.Redis(connection_pool=redis.ConnectionPool(**kw)).monitor() as mon:
                 for cmd in mon.listen():
                     if cmd["command"] == self.END:
                         return
@@ -664,6 +669,7 @@ class Monitor:
         self.client.execute_command(*self.END.split())
         self.thread.join(5 * S)
         assert self.error is None, self.error
+        assert not self.thread.is_alive(), "MONITOR never showed the end marker"
 
 
 def test_redissons_wait_and_unlock_latches_do_not_confuse_sql(replicated, rsql, rc):

@@ -20,7 +20,11 @@ _why = netns.unavailable()
 # in CI the machine can do it: a missing capability there is a failure, not a skip
 if _why is not None and os.environ.get("CI"):
     raise RuntimeError("network namespaces unavailable in CI: %s" % _why)
-pytestmark = pytest.mark.skipif(_why is not None, reason="network namespaces: %s" % _why)
+# serial (t/conftest.py): the link's addresses (10.231.77.0/30) and its guard
+# route are machine-wide, one Link at a time; and its delays and partitions
+# are timed, which a parallel neighbour's CPU use would stretch
+pytestmark = [pytest.mark.skipif(_why is not None, reason="network namespaces: %s" % _why),
+              pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

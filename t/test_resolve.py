@@ -28,6 +28,12 @@ from conftest import Session
 import testbed
 from testbed import TIME_SCALE as S
 
+# serial (t/conftest.py): the fake DNS servers and the blackhole listen on
+# fixed loopback addresses (127.0.0.77-79 port 53, 127.0.0.16), one test at a
+# time on the machine; and the tests bound a resolution's cost by
+# connect_timeout (500 ms), which a parallel neighbour would stretch
+pytestmark = pytest.mark.serial
+
 NAME = "redis.rl-test"
 
 

@@ -58,26 +58,73 @@ def _stop_everything():
 atexit.register(_stop_everything)
 
 
-def free_port():
-    """A TCP port nobody listens on right now (the OS picks it)."""
+def _port_is_free(port):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+# Under pytest-xdist (scripts/run-tests with RL_PYTEST_WORKERS) the workers
+# start servers at the same time.  A port the OS picked is free when picked
+# but taken only when the server listens, seconds later for PostgreSQL (after
+# initdb); meanwhile another worker's pick, or any connection's source port,
+# may take it.  So each worker takes its ports from its own block below the
+# kernel's ephemeral range (which the OS's picks and source ports use, and a
+# serial run's servers too), its cluster bus ports 10000 above, from a random
+# start so that two runs on one machine seldom walk the same ports.
+_WORKER_BLOCK = 1200
+_WORKER_BASE = 10000
+
+
+def _worker_ports():
+    """(first, last + 1) of this xdist worker's block, or None."""
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not wid.startswith("gw"):
+        return None
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    first = _WORKER_BASE + int(wid[2:]) * _WORKER_BLOCK
+    if first + _WORKER_BLOCK + 10000 > ephemeral_low:
+        return None             # too many workers for the space: let the OS pick
+    return first, first + _WORKER_BLOCK
+
+
+_next_port = [None]
+
+
+def free_port(bus=False):
+    """A TCP port nobody listens on right now (and, with bus, port + 10000
+    too); from this worker's block under xdist, else the OS picks it."""
+    block = _worker_ports()
+    if block is None:
+        for _ in range(1000):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                p = s.getsockname()[1]
+            if not bus or (p <= 55535 and _port_is_free(p + 10000)):
+                return p
+        raise RuntimeError("no free port pair for a cluster node")
+    first, end = block
+    if _next_port[0] is None:
+        import random
+        _next_port[0] = random.randrange(first, end)
+    for _ in range(end - first):
+        p = _next_port[0]
+        _next_port[0] = first + (p + 1 - first) % (end - first)
+        if _port_is_free(p) and (not bus or _port_is_free(p + 10000)):
+            return p
+    raise RuntimeError("no free port left in %d-%d" % block)
 
 
 def free_cluster_port():
     """A free port whose cluster bus port (port + 10000) is free too."""
-    for _ in range(1000):
-        p = free_port()
-        if p > 55535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 10000))
-            except OSError:
-                continue
-        return p
-    raise RuntimeError("no free port pair for a cluster node")
+    return free_port(bus=True)
 
 
 def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
