@@ -1,0 +1,80 @@
+"""An adversarial review of the watchdog's keyspace watch (watchevents.c),
+the worker's cancel told by cancelled_at (locklost.c loss_within), and
+redis_lock.release_channel_prefix: each test reproduced a suspected defect
+and checks that it is gone."""
+import time
+
+import psycopg2
+import pytest
+
+import testbed
+
+# the servers and helpers of t/test_lost.py (3 s lease, 1 s timeouts)
+from test_lost import DETECT, ended_with, env, lenv, running  # noqa: F401
+
+# enough on_lost = warn locks that, whatever order the session's table of
+# held locks is walked in, one of them comes before the error lock
+WARNED = ["w%d" % i for i in range(8)]
+
+
+def lost_seen(admin, name):
+    return testbed.sql_one(admin, "SELECT coalesce(bool_or(lost), false) FROM "
+                           "redis_lock_locks WHERE lock_name = %s", (name,))
+
+
+def lose_warned_locks(rc, admin, a):
+    """Take WARNED with on_lost = warn and have the worker find each lost
+    while the session is idle: nothing reports them before its next
+    redis_lock call (so none may follow), and they stay unreported."""
+    a.run("SET redis_lock.on_lost = warn")
+    for n in WARNED:
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (n,))
+    for n in WARNED:
+        rc.delete(n)
+    for n in WARNED:
+        testbed.wait_until(lambda: lost_seen(admin, n), DETECT + 5, 0.02,
+                           what="the worker to find %s lost" % n)
+
+
+def test_an_unreported_warn_loss_does_not_hide_the_workers_cancel(env):
+    """unreported_loss returns the first unreported loss it meets and
+    loss_within takes any loss with cancelled_at = 0 as this statement's:
+    an on_lost = warn lock is never signalled, so its cancelled_at stays 0
+    and, met first, it hid the error lock the cancel was for: the holder got
+    57014 'canceling statement due to user request' instead of 40001."""
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('guarded') > 0")
+    lose_warned_locks(rc, admin, a)
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    rc.delete("guarded")
+    err = ended_with(a, DETECT + 5)
+    assert err is not None
+    assert err.pgcode == "40001", (err.pgcode, str(err))
+    assert 'Redis lock "guarded" was lost' in str(err)
+
+
+def test_an_unreported_warn_loss_does_not_hide_a_loss_while_idle_in_transaction(env):
+    """The same walk before each statement (rl_lost_check_statement): a warn
+    lock lost in the transaction, met first, made it skip the error lock
+    lost with it, and note the events as seen: the transaction went on."""
+    r, rc, pg, admin, session = env
+    a = session()
+    a.run("SET redis_lock.on_lost = warn")
+    for n in WARNED:
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (n,))
+    a.run("SET redis_lock.on_lost = error")
+    assert a.run("SELECT redis_lock_acquire('guarded-x') > 0")
+    a.run("BEGIN")
+    a.run("SELECT 1")
+    for n in WARNED + ["guarded-x"]:
+        rc.delete(n)
+    for n in WARNED + ["guarded-x"]:
+        testbed.wait_until(lambda: lost_seen(admin, n), DETECT + 5, 0.02,
+                           what="the worker to find %s lost" % n)
+    with pytest.raises(psycopg2.Error) as ei:
+        a.run("SELECT 2")
+    assert ei.value.pgcode == "40001", (ei.value.pgcode, str(ei.value))
+    assert 'Redis lock "guarded-x" was lost' in str(ei.value)
+    a.run("ROLLBACK")
