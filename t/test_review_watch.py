@@ -78,3 +78,74 @@ def test_an_unreported_warn_loss_does_not_hide_a_loss_while_idle_in_transaction(
     assert ei.value.pgcode == "40001", (ei.value.pgcode, str(ei.value))
     assert 'Redis lock "guarded-x" was lost' in str(ei.value)
     a.run("ROLLBACK")
+
+
+# ----------------------------------------------------------------------
+# The keyspace watch (watchevents.c)
+# ----------------------------------------------------------------------
+EVENT_BOUND = 1.0       # s, as t/test_lost.py's
+
+
+def worker_watches(rc, key):
+    ch = "__keyspace@0__:" + key
+    return dict(rc.pubsub_numsub(ch)).get(ch.encode(), 0) >= 1
+
+
+@pytest.fixture
+def events(env):
+    r, rc, pg, admin, session = env
+    rc.config_set("notify-keyspace-events", "Kgx")
+    yield env
+    rc.config_set("notify-keyspace-events", "")
+
+
+def test_subscriptions_lost_with_their_connection_are_made_again(events):
+    """A subscriber connection killed (a Redis restart, CLIENT KILL, a
+    proxy's idle cut) takes its subscriptions with it: the worker notices
+    in its sleep and subscribes again, so a later loss is still found by
+    its event, not by the next renewal (30 s lease: every 10 s)."""
+    r, rc, pg, admin, session = events
+    a = session()
+    a.run("SET redis_lock.lease_time = '30s'")
+    assert a.run("SELECT redis_lock_acquire('rewatched') > 0")
+    testbed.wait_until(lambda: worker_watches(rc, "rewatched"), 10, what="subscribed")
+    assert rc.execute_command("CLIENT", "KILL", "TYPE", "pubsub") >= 1
+    testbed.wait_until(lambda: worker_watches(rc, "rewatched"), 10,
+                       what="subscribed again")
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    t0 = time.monotonic()
+    rc.delete("rewatched")
+    err = ended_with(a, 15)
+    took = time.monotonic() - t0
+    assert err is not None and err.pgcode == "40001", err
+    assert took < EVENT_BOUND, took
+
+
+# ----------------------------------------------------------------------
+# redis_lock.release_channel_prefix
+# ----------------------------------------------------------------------
+def names_bytes(a):
+    return a.run("SELECT coalesce(sum(used_bytes), 0) FROM pg_backend_memory_contexts "
+                 "WHERE name = 'redis_lock names'")
+
+
+def test_release_channels_are_freed_with_their_locks(env):
+    """Each lock taken builds its release channel's name in the session's
+    long-lived names context (rl_names_build); free_names freed the key and
+    channels but not it, so a session that takes and releases locks with
+    the setting on grew by a string per lock for as long as it lived."""
+    r, rc, pg, admin, session = env
+    a = session()
+    a.run("SET redis_lock.release_channel_prefix = 'spring-locks-channel:'")
+    loop = ("DO $$ BEGIN FOR i IN 1..%d LOOP "
+            "PERFORM redis_lock_acquire('churn-' || i); "
+            "PERFORM redis_lock_release('churn-' || i); END LOOP; END $$")
+    a.run(loop % 200)                   # the context's first blocks
+    before = names_bytes(a)
+    a.run(loop % 5000)
+    grown = names_bytes(a) - before
+    # without the setting the context does not grow at all; 5000 leaked
+    # names of ~40 bytes are ~200 kB
+    assert grown < 16384, grown
+    assert rc.dbsize() == 0
