@@ -149,3 +149,51 @@ def test_release_channels_are_freed_with_their_locks(env):
     # names of ~40 bytes are ~200 kB
     assert grown < 16384, grown
     assert not rc.keys("churn-*")       # every one released
+
+
+def test_redlock_a_minority_deleted_is_no_loss_a_majority_is_found_at_once():
+    """Several nodes: every node's copy is watched.  A "del" on one node of
+    three makes the renewal due at once, and that renewal still holds a
+    majority: no loss, the statement runs on.  A second node's "del" loses
+    the majority, and the loss is found by the event."""
+    ms = [testbed.Redis().start() for _ in range(3)]
+    pg = None
+    a = None
+    try:
+        cs = [m.client() for m in ms]
+        for c in cs:
+            c.config_set("notify-keyspace-events", "Kgx")
+        pg = testbed.Postgres(conf={
+            "redis_lock.nodes": ",".join(m.url for m in ms),
+            "redis_lock.lease_time": "30s"}).init().start().with_extension()
+        admin = pg.connect()
+        from conftest import Session
+        a = Session(pg)
+        assert a.run("SELECT redis_lock_try_acquire('rl-watch')")
+        for c in cs:
+            testbed.wait_until(lambda: worker_watches(c, "rl-watch"), 10,
+                               what="every node's copy watched")
+        a.start("SELECT pg_sleep(60)")
+        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+        renewed = testbed.sql_one(admin, "SELECT renewals FROM redis_lock_stats()")
+        cs[0].delete("rl-watch")
+        # the early renewal ran (and kept the majority)
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT renewals FROM redis_lock_stats()") > renewed, 5,
+            what="the renewal the event made due")
+        assert a.error is None and a.thread.is_alive()
+        assert not lost_seen(admin, "rl-watch")
+        t0 = time.monotonic()
+        cs[1].delete("rl-watch")
+        err = ended_with(a, 15)
+        took = time.monotonic() - t0
+        assert err is not None and err.pgcode == "40001", err
+        assert took < EVENT_BOUND, took
+        admin.close()
+    finally:
+        if a is not None:
+            a.close()
+        if pg is not None:
+            pg.cleanup()
+        for m in ms:
+            m.stop()
