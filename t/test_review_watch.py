@@ -197,3 +197,56 @@ def test_redlock_a_minority_deleted_is_no_loss_a_majority_is_found_at_once():
             pg.cleanup()
         for m in ms:
             m.stop()
+
+
+def test_one_refused_subscription_leaves_the_others_of_its_node_standing():
+    """An ACL may let the extension's Redis user subscribe to some keyspace
+    channels only (a pattern per application's key prefix).  A SUBSCRIBE
+    refused for one held key closed the node's whole subscriber
+    connection, with every other key's subscription on it, again at every
+    retry: one lock outside the pattern (any role can name one) turned the
+    event detection off for every lock of that target."""
+    r = testbed.Redis().start()
+    pg = None
+    sessions = []
+    try:
+        rc = r.client()
+        rc.execute_command("ACL", "SETUSER", "somechan",
+                           "reset", "on", ">pw", "~*", "resetchannels",
+                           "&__keyspace@0__:ok-*", "+@all")
+        rc.config_set("notify-keyspace-events", "Kgx")
+        pg = testbed.Postgres(conf={
+            "redis_lock.url": "redis://somechan@127.0.0.1:%d/0" % r.port,
+            "redis_lock.password": "pw",
+            "redis_lock.lease_time": "30s"}).init().start().with_extension()
+        admin = pg.connect()
+        from conftest import Session
+        a = Session(pg)
+        b = Session(pg)
+        sessions += [a, b]
+        assert a.run("SELECT redis_lock_acquire('ok-1') > 0")
+        testbed.wait_until(lambda: worker_watches(rc, "ok-1"), 10, what="subscribed")
+        assert b.run("SELECT redis_lock_acquire('other-1') > 0")
+
+        def refusals():
+            return sum(int(e[e.index(b"count") + 1]) for e in
+                       rc.execute_command("ACL", "LOG")
+                       if b"channel" in e[e.index(b"reason") + 1])
+        testbed.wait_until(lambda: refusals() >= 2, 20,
+                           what="the other key refused, and tried again")
+        assert worker_watches(rc, "ok-1")
+        a.start("SELECT pg_sleep(60)")
+        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+        t0 = time.monotonic()
+        rc.delete("ok-1")
+        err = ended_with(a, 15)
+        took = time.monotonic() - t0
+        assert err is not None and err.pgcode == "40001", err
+        assert took < EVENT_BOUND, took
+        admin.close()
+    finally:
+        for s in sessions:
+            s.close()
+        if pg is not None:
+            pg.cleanup()
+        r.stop()
