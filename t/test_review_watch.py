@@ -250,3 +250,53 @@ def test_one_refused_subscription_leaves_the_others_of_its_node_standing():
         if pg is not None:
             pg.cleanup()
         r.stop()
+
+
+def test_a_release_the_worker_makes_for_a_session_publishes_too(env):
+    """A release the session cannot make itself (its exit found Redis
+    down) goes to the worker, which makes it from the registry's key alone:
+    it deleted the key but published nothing, so a PUB_SUB_LOCK waiter
+    slept until its own timeout, though every release of a simple-layout
+    lock is to publish.  The workers are stopped meanwhile so that the
+    release waits for this test's subscriber."""
+    import os
+    import signal
+    from renewals import watchdog_pids
+    r, rc, pg, admin, session = env
+    s = session()
+    s.run("SET redis_lock.release_channel_prefix = 'spring-locks-channel:'")
+    s.run("SET redis_lock.lease_time = '60s'")
+    assert s.run("SELECT redis_lock_acquire('handed') > 0")
+    pid = s.pid
+    rc.save()                       # the key survives the restart below
+    workers = watchdog_pids(pg.postmaster_pid())
+    assert workers
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        r.stop()
+        s.conn.close()              # its exit's release finds Redis down
+        testbed.wait_until(lambda: not testbed.sql_one(
+            admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)),
+            15, what="the backend gone")
+        r.start()
+        os.unlink(os.path.join(r.dir, "dump.rdb"))
+        rc = r.client()
+        assert rc.exists("handed")
+        ps = rc.pubsub()
+        ps.subscribe("spring-locks-channel:handed")
+        assert ps.get_message(timeout=5)["type"] == "subscribe"
+    finally:
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+    testbed.wait_until(lambda: not rc.exists("handed"), 20,
+                       what="the worker's release")
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:
+        m = ps.get_message(timeout=0.2)
+        if m is not None and m["type"] == "message":
+            got = m
+    ps.close()
+    assert got is not None, "no message on the release channel"
+    assert got["data"] == b"handed"
