@@ -300,3 +300,13 @@ def test_a_release_the_worker_makes_for_a_session_publishes_too(env):
     ps.close()
     assert got is not None, "no message on the release channel"
     assert got["data"] == b"handed"
+
+
+def test_a_release_channel_prefix_longer_than_a_registry_slot_keeps_is_refused(env):
+    r, rc, pg, admin, session = env
+    a = session()
+    a.run("SET redis_lock.release_channel_prefix = %s", ("c" * 256,))
+    with pytest.raises(psycopg2.Error) as ei:
+        a.run("SET redis_lock.release_channel_prefix = %s", ("c" * 257,))
+    assert ei.value.pgcode == "22023", ei.value.pgcode
+    assert "not be longer than 256 bytes" in str(ei.value)
