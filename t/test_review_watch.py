@@ -310,3 +310,49 @@ def test_a_release_channel_prefix_longer_than_a_registry_slot_keeps_is_refused(e
         a.run("SET redis_lock.release_channel_prefix = %s", ("c" * 257,))
     assert ei.value.pgcode == "22023", ei.value.pgcode
     assert "not be longer than 256 bytes" in str(ei.value)
+
+
+@pytest.fixture(scope="module")
+def tls_env():
+    pki = testbed.PKI()
+    r = testbed.TLSRedis(pki, *pki.make("redis-server")).start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
+                                "redis_lock.tls_ca_file": pki.ca,
+                                "redis_lock.lease_time": "30s"}
+                          ).init().start().with_extension()
+    yield r, pg
+    pg.cleanup()
+    r.stop()
+    pki.cleanup()
+
+
+def test_keyspace_events_over_tls_each_found_at_once(tls_env):
+    """Over TLS a read may leave decrypted bytes in the TLS layer that the
+    socket no longer shows: events that came in one record (one DEL of two
+    watched keys) must each be found, at once."""
+    from conftest import Session
+    r, pg = tls_env
+    rc = r.client()
+    rc.config_set("notify-keyspace-events", "Kgx")
+    admin = pg.connect()
+    ss = [Session(pg) for _ in range(2)]
+    try:
+        for i, s in enumerate(ss):
+            assert s.run("SELECT redis_lock_acquire(%s) > 0", ("tk%d" % i,))
+        for i in range(2):
+            testbed.wait_until(lambda: worker_watches(rc, "tk%d" % i), 10,
+                               what="subscribed over TLS")
+        for s in ss:
+            s.start("SELECT pg_sleep(60)")
+            testbed.wait_until(lambda: running(admin, s.pid), 5, what="running")
+        t0 = time.monotonic()
+        rc.delete("tk0", "tk1")
+        for s in ss:
+            err = ended_with(s, 15)
+            assert err is not None and err.pgcode == "40001", err
+        took = time.monotonic() - t0
+        assert took < EVENT_BOUND, took
+    finally:
+        for s in ss:
+            s.close()
+        admin.close()
