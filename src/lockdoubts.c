@@ -69,6 +69,9 @@ copy_names(RLLockNames *to, const RLLockNames *from)
 	to->key = from->key ? MemoryContextStrdup(cxt, from->key) : NULL;
 	to->fence_key = from->fence_key ? MemoryContextStrdup(cxt, from->fence_key) : NULL;
 	to->channel = from->channel ? MemoryContextStrdup(cxt, from->channel) : NULL;
+	/* its answer may be read after the entry (and its names) went */
+	to->release_channel = from->release_channel ?
+		MemoryContextStrdup(cxt, from->release_channel) : NULL;
 }
 
 /* Nothing owed and nothing pending any more: free what they used */

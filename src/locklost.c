@@ -65,17 +65,21 @@ loss_within(LossFor what, TimestampTz since, TimestampTz lost_at,
 }
 
 /*
- * A held lock of this session the worker found lost and that was not
- * reported yet, with what the worker recorded; only a loss within what
- * began at since (loss_within).  NULL when there is none.
+ * A held lock of this session with on_lost = error that the worker found
+ * lost and that was not reported yet, with what the worker recorded; only
+ * a loss within what began at since (loss_within).  NULL when there is
+ * none.  Locks with another on_lost are passed over: neither caller acts on
+ * them, and a warn lock, never signalled, has no cancelled_at and would
+ * pass for this statement's cancel, hiding the error lock it was for.
  */
 static RLHeld *
 unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
-				TimestampTz *lost_at, uint8 *on_lost)
+				TimestampTz *lost_at)
 {
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 	TimestampTz cancelled_at;
+	uint8		on_lost;
 
 	if (rl_lt_held == NULL || !rl_watchdog_enabled())
 		return NULL;
@@ -84,10 +88,11 @@ unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
 	{
 		if (RL_HOLDS(e) == 0 || e->lost || e->registry_slot < 0)
 			continue;
-		if (!rl_registry_loss(e->registry_slot, cause, lost_at, on_lost,
+		if (!rl_registry_loss(e->registry_slot, cause, lost_at, &on_lost,
 							  &cancelled_at))
 			continue;
-		if (!loss_within(what, since, *lost_at, cancelled_at))
+		if (on_lost != RL_ON_LOST_ERROR ||
+			!loss_within(what, since, *lost_at, cancelled_at))
 			continue;
 		hash_seq_term(&seq);
 		return e;
@@ -143,7 +148,6 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 {
 	RLHeld	   *e;
 	uint8		cause;
-	uint8		on_lost;
 	TimestampTz lost_at;
 	MemoryContext old;
 	long		ms;
@@ -163,8 +167,8 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 	 * now is someone else's
 	 */
 	e = unreported_loss(LOSS_FOR_CANCEL, GetCurrentStatementStartTimestamp(),
-						&cause, &lost_at, &on_lost);
-	if (e != NULL && on_lost == RL_ON_LOST_ERROR)
+						&cause, &lost_at);
+	if (e != NULL)
 	{
 		mark_reported(e);
 		name = e->name;
@@ -243,7 +247,6 @@ rl_lost_check_statement(void)
 	uint32		events;
 	RLHeld	   *e;
 	uint8		cause;
-	uint8		on_lost;
 	TimestampTz lost_at;
 
 	if (!rl_watchdog_enabled() || rl_lt_held == NULL || !IsTransactionState())
@@ -253,8 +256,8 @@ rl_lost_check_statement(void)
 		return;
 	e = unreported_loss(LOSS_FOR_TRANSACTION,
 						GetCurrentTransactionStartTimestamp(), &cause,
-						&lost_at, &on_lost);
-	if (e == NULL || on_lost != RL_ON_LOST_ERROR)
+						&lost_at);
+	if (e == NULL)
 	{
 		seen_events = events;
 		return;

@@ -126,7 +126,9 @@ free_names(RLLockNames *n)
 		pfree(n->fence_key);
 	if (n->channel)
 		pfree(n->channel);
-	n->key = n->fence_key = n->channel = NULL;
+	if (n->release_channel)
+		pfree(n->release_channel);
+	n->key = n->fence_key = n->channel = n->release_channel = NULL;
 }
 
 /* The table's key of one mode of a name: its mode letter, then the name */

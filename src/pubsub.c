@@ -429,12 +429,15 @@ rl_wait_for_any_message(RLConn **subs, int n, const char **channels,
 
 /*
  * SUBSCRIBE to the keyspace notifications of every entry, pipelined per
- * connection, waiting up to timeout_ms for the confirmations; failures as
- * in rl_subscribe (a refused subscription closes its connection).  Returns
- * what went wrong first, or NULL.
+ * connection, waiting up to timeout_ms for the confirmations.  A refused
+ * subscription (an ACL that denies that channel) sets refused[i] and
+ * leaves the connection open: it carries the other entries' subscriptions,
+ * which still stand.  A connection that failed or did not answer in time
+ * is closed (rl_run).  Returns what went wrong first, or NULL.
  */
 char *
-rl_subscribe_keyspace(RLConn **subs, const char **keys, int n, int timeout_ms)
+rl_subscribe_keyspace(RLConn **subs, const char **keys, int n, int timeout_ms,
+					  bool *refused)
 {
 	RLCall	   *calls = palloc0(sizeof(RLCall) * Max(n, 1));
 	char	   *problem = NULL;
@@ -449,13 +452,10 @@ rl_subscribe_keyspace(RLConn **subs, const char **keys, int n, int timeout_ms)
 	rl_run(calls, n, RL_RUN_SOFT, timeout_ms);
 	for (i = 0; i < n; i++)
 	{
-		bool		refused = calls[i].reply != NULL &&
+		refused[i] = calls[i].reply != NULL &&
 			calls[i].reply->type == REDIS_REPLY_ERROR;
-
-		if ((refused || calls[i].reply == NULL) && problem == NULL)
+		if ((refused[i] || calls[i].reply == NULL) && problem == NULL)
 			problem = rl_call_problem(&calls[i]);
-		if (refused)
-			rl_conn_close(subs[i]);
 	}
 	pfree(calls);
 	return problem;

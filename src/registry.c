@@ -360,6 +360,12 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	strlcpy(s->key, names->key, sizeof(s->key));
 	s->name_off = (uint16) (keylen - namelen);
 	strlcpy(s->owner, names->owner, sizeof(s->owner));
+	/* so that a release the worker makes for the session publishes too */
+	s->release_prefix[0] = '\0';
+	if (names->release_channel != NULL)
+		strlcpy(s->release_prefix, names->release_channel,
+				Min(strlen(names->release_channel) - keylen + 1,
+					sizeof(s->release_prefix)));
 	LWLockRelease(rl_shared->lock);
 	return idx;
 }

@@ -66,6 +66,8 @@ typedef struct RLSlot
 	RLLockState st;
 	char		key[RL_MAX_KEY_LEN + 1];
 	char		owner[RL_OWNER_LEN + 1];
+	/* where a release publishes the key: release_channel less it ("": no) */
+	char		release_prefix[RL_MAX_PREFIX_LEN + 1];
 } RLSlot;
 
 StaticAssertDecl(RL_MAX_PREFIX_LEN <= PG_UINT16_MAX,

@@ -606,6 +606,22 @@ check_prefix(char **newval, void **extra, GucSource source)
 }
 
 /*
+ * redis_lock.release_channel_prefix: no longer than a key prefix, which
+ * is what a registry slot keeps of it (RLSlot.release_prefix)
+ */
+static bool
+check_channel_prefix(char **newval, void **extra, GucSource source)
+{
+	if (*newval != NULL && strlen(*newval) > RL_MAX_PREFIX_LEN)
+	{
+		GUC_check_errdetail("The release channel prefix must not be longer than %d bytes.",
+							RL_MAX_PREFIX_LEN);
+		return false;
+	}
+	return true;
+}
+
+/*
  * Is a value of this source kept where every role can read it?  ALTER ROLE
  * and ALTER DATABASE ... SET (and ALTER ROLE ALL ... SET) store it in
  * pg_db_role_setting, CREATE and ALTER FUNCTION ... SET in pg_proc.proconfig;
@@ -807,12 +823,13 @@ static const RLSettingDesc rl_setting_descs[] = {
 	},
 
 	/*
-	 * Any role, for its own session: a PUBLISH of the key its own release
-	 * just deleted, which the Redis user the extension connects as may send
-	 * anyway (the simple release script publishes on redis_lock:release:
-	 * channels); a spurious message only makes a waiter look again.  Read
-	 * when a lock is taken (RLLockNames.release_channel), like the key
-	 * prefix; lockop.c pipelines the PUBLISH behind the release.
+	 * Superuser-only, like the key prefix: it names channels other
+	 * applications listen on (doc/security.md).  A PUBLISH of the key a
+	 * release just deleted; a spurious message only makes a waiter look
+	 * again.  Read when a lock is taken (RLLockNames.release_channel), like
+	 * the key prefix, and kept in its registry slot for a release the
+	 * worker makes for the session; lockop.c pipelines the PUBLISH behind
+	 * the release.
 	 */
 	{
 		.kind = RL_SETTING_STRING,
@@ -821,6 +838,7 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.string_var = &rl_release_channel_prefix,
 		.string_default = "",
 		.context = PGC_SUSET,
+		.string_check = check_channel_prefix,
 	},
 	{
 		.kind = RL_SETTING_INT,

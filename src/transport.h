@@ -159,7 +159,7 @@ extern bool rl_wait_for_any_message(RLConn **subs, int n,
 									const char **channels, const char **keys,
 									long timeout_ms);
 extern char *rl_subscribe_keyspace(RLConn **subs, const char **keys, int n,
-								   int timeout_ms);
+								   int timeout_ms, bool *refused);
 extern void rl_unsubscribe_keyspace_async(RLConn **subs, const char **keys,
 										  int n);
 typedef void (*RLKeyGoneCallback) (const char *key, void *arg);

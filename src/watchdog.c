@@ -109,6 +109,8 @@ typedef struct Job
 	int			name_off;		/* the lock's name in key */
 	char	   *key;
 	char	   *owner;
+	char	   *release_prefix; /* release: publish key on this + key ("":
+								 * no) */
 } Job;
 
 /*
@@ -603,6 +605,10 @@ build_round_ops(Job *jobs, int n, RLTarget *t)
 		rl_names_from_key(&names[k], j->protocol, "", j->key, CurrentMemoryContext);
 		names[k].script_free = j->script_free;
 		strlcpy(names[k].owner, j->owner, sizeof(names[k].owner));
+		/* a release publishes as the session's own would have */
+		if (j->kind == JOB_RELEASE && j->release_prefix[0] != '\0')
+			names[k].release_channel = psprintf("%s%s", j->release_prefix,
+												j->key);
 		ops[k].kind = j->kind == JOB_RENEW ? RL_OP_RENEW : RL_OP_RELEASE;
 		ops[k].target = t;
 		ops[k].names = &names[k];
@@ -1163,6 +1169,7 @@ copy_job_names(Job *jobs, int njobs, RLSharedTarget *targets)
 		jobs[ntaken] = jobs[i];
 		jobs[ntaken].key = pstrdup(s->key);
 		jobs[ntaken].owner = pstrdup(s->owner);
+		jobs[ntaken].release_prefix = pstrdup(s->release_prefix);
 		ntaken++;
 	}
 	LWLockRelease(rl_shared->lock);

@@ -214,6 +214,7 @@ subscribe_target(List *todo, int tidx, const RLSharedTarget *target)
 	int			cap = list_length(todo) * RL_MAX_NODES;
 	RLConn	  **subs = palloc(sizeof(RLConn *) * cap);
 	const char **keys = palloc(sizeof(char *) * cap);
+	bool	   *refused = palloc0(sizeof(bool) * Max(cap, 1));
 	int			saved_connect_ms = rl_connect_timeout_ms;
 	int			saved_command_ms = rl_command_timeout_ms;
 	int			n = 0;
@@ -246,19 +247,29 @@ subscribe_target(List *todo, int tidx, const RLSharedTarget *target)
 			keys[n++] = key;
 		}
 	}
-	problem = rl_subscribe_keyspace(subs, keys, n, RL_WATCH_SUBSCRIBE_MS);
+	if (n > 0)
+	{
+		char	   *why = rl_subscribe_keyspace(subs, keys, n,
+												RL_WATCH_SUBSCRIBE_MS, refused);
+
+		if (problem == NULL)
+			problem = why;
+	}
 	rl_connect_timeout_ms = saved_connect_ms;
 	rl_command_timeout_ms = saved_command_ms;
 	rl_use_settings_credentials();
 
+	/* entries in the order they were made above */
+	n = 0;
 	foreach(lc, todo)
 	{
 		WatchedKey *w = lfirst(lc);
 		int			k;
 
-		for (k = 0; k < w->nsubs; k++)
+		for (k = 0; k < w->nsubs; k++, n++)
 		{
-			w->opened[k] = rl_conn_open_id(w->subs[k]);
+			/* a refused key only: the others on its connection stand */
+			w->opened[k] = refused[n] ? 0 : rl_conn_open_id(w->subs[k]);
 			failed |= w->opened[k] == 0;
 		}
 	}
