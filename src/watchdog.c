@@ -1296,17 +1296,19 @@ rl_watchdog_main(Datum arg)
 	for (;;)
 	{
 		long		sleep_ms;
+		TimestampTz wake_at;
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 
 		/* busy: a lock registered during the cycle wakes it again */
 		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane], (uint64) PG_INT64_MAX);
 		sleep_ms = worker_cycle();
+		wake_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms);
 		/* keyspace notifications of the locks it renews, where sent */
 		rl_watch_events_sync(my_lane);
-		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane],
-							(uint64) TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms));
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane], (uint64) wake_at);
 
-		rl_watch_events_wait(sleep_ms);
+		/* what is due comes no later for the subscriptions' round trip */
+		rl_watch_events_wait(Max(0, (long) ((wake_at - GetCurrentTimestamp() + 999) / 1000)));
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(cxt);
 		CHECK_FOR_INTERRUPTS();
