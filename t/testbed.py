@@ -80,16 +80,22 @@ _WORKER_BASE = 10000
 
 
 def _worker_ports():
-    """(first, last + 1) of this xdist worker's block, or None."""
+    """(first, last + 1) of this xdist worker's block, or of the block
+    RL_PORT_BLOCK names (a lane of scripts/matrix, which runs beside the
+    main suites' workers), or None."""
     wid = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not wid.startswith("gw"):
+    if wid.startswith("gw"):
+        n = int(wid[2:])
+    elif os.environ.get("RL_PORT_BLOCK", "").isdigit():
+        n = int(os.environ["RL_PORT_BLOCK"])
+    else:
         return None
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral_low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    first = _WORKER_BASE + int(wid[2:]) * _WORKER_BLOCK
+    first = _WORKER_BASE + n * _WORKER_BLOCK
     if first + _WORKER_BLOCK + 10000 > ephemeral_low:
         return None             # too many workers for the space: let the OS pick
     return first, first + _WORKER_BLOCK
