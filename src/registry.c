@@ -97,8 +97,14 @@ redis_lock_registry_shmem_startup(void)
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(Oid);
 	ctl.entrysize = sizeof(RLRoleSlots);
+	/* PostgreSQL 19 sizes a shared hash by one count, no longer two */
+#if PG_VERSION_NUM >= 190000
+	role_slots = ShmemInitHash("redis_lock slots per role", registry_capacity,
+							   &ctl, HASH_ELEM | HASH_BLOBS);
+#else
 	role_slots = ShmemInitHash("redis_lock slots per role", registry_capacity,
 							   registry_capacity, &ctl, HASH_ELEM | HASH_BLOBS);
+#endif
 	rl_shared = ShmemInitStruct("redis_lock registry", shared_size(), &found);
 	freelist = (int *) &rl_shared->slots[registry_capacity];
 	if (!found)
