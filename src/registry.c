@@ -59,15 +59,30 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
  * Shared memory
  * ----------------------------------------------------------------
  */
+/* The registry: its header, the slots and the free list */
 static Size
-shared_size(void)
+registry_size(void)
 {
 	Size		sz = offsetof(RLShared, slots);
 
 	sz = add_size(sz, mul_size(registry_capacity, sizeof(RLSlot)));
 	sz = add_size(sz, mul_size(registry_capacity, sizeof(int)));
-	sz = add_size(sz, hash_estimate_size(registry_capacity, sizeof(RLRoleSlots)));
 	return sz;
+}
+
+/*
+ * What the registry and the hash of slots per role take together: the hash
+ * is allocated apart from the registry (ShmemInitHash), so the registry
+ * itself is registry_size() only.  (It was shared_size(), which made the
+ * two together ask for the hash's room twice: PostgreSQL 19 refuses to
+ * start when redis_lock.max_locks is large enough that the second copy no
+ * longer fits in the slack.)
+ */
+static Size
+shared_size(void)
+{
+	return add_size(registry_size(),
+					hash_estimate_size(registry_capacity, sizeof(RLRoleSlots)));
 }
 
 /* shmem_request_hook: room for the registry and its LWLock */
@@ -97,14 +112,20 @@ redis_lock_registry_shmem_startup(void)
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(Oid);
 	ctl.entrysize = sizeof(RLRoleSlots);
+	/* PostgreSQL 19 sizes a shared hash by one count, no longer two */
+#if PG_VERSION_NUM >= 190000
+	role_slots = ShmemInitHash("redis_lock slots per role", registry_capacity,
+							   &ctl, HASH_ELEM | HASH_BLOBS);
+#else
 	role_slots = ShmemInitHash("redis_lock slots per role", registry_capacity,
 							   registry_capacity, &ctl, HASH_ELEM | HASH_BLOBS);
-	rl_shared = ShmemInitStruct("redis_lock registry", shared_size(), &found);
+#endif
+	rl_shared = ShmemInitStruct("redis_lock registry", registry_size(), &found);
 	freelist = (int *) &rl_shared->slots[registry_capacity];
 	if (!found)
 	{
 		/* a fresh start, also after a crash: nothing is resurrected */
-		memset(rl_shared, 0, shared_size());
+		memset(rl_shared, 0, registry_size());
 		rl_shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
 		pg_atomic_init_u32(&rl_shared->lost_events, 0);
 		pg_atomic_init_u32(&rl_shared->settled_events, 0);

@@ -49,10 +49,12 @@ def matrix_list(name):
 
 def test_one_set_of_postgresql_versions():
     # the majors CI tests: Debian 12's 15 (.ci/run), those scripts/matrix
-    # builds or unpacks here, and Debian 13's own in its chroot
-    trixie = re.search(r"^TRIXIE_MAJOR=(\d+)$", read("scripts/matrix"), re.M).group(1)
-    tested = sorted(set(matrix_list("MAJORS") + [trixie, "15"]), key=int)
-    assert tested == ["13", "15", "16", "17", "18"]
+    # builds or unpacks here, Debian 13's own in its chroot and
+    # experimental's in the sid chroot
+    chroots = [re.search(r"^%s_MAJOR=(\d+)$" % n, read("scripts/matrix"), re.M).group(1)
+               for n in ("TRIXIE", "SID")]
+    tested = sorted(set(matrix_list("MAJORS") + chroots + ["15"]), key=int)
+    assert tested == ["13", "15", "16", "17", "18", "19"]
     assert read("debian/pgversions").split() == tested
     meta = json.loads(read("META.json"))
     assert meta["x_tested_postgresql"] == tested
