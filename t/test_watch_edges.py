@@ -1,7 +1,7 @@
-"""An adversarial review of the watchdog's keyspace watch (watchevents.c),
-the worker's cancel told by cancelled_at (locklost.c loss_within), and
-redis_lock.release_channel_prefix: each test reproduced a suspected defect
-and checks that it is gone."""
+"""Edges of the watchdog's keyspace watch (watchevents.c), of the worker's
+cancel told by cancelled_at (locklost.c loss_within), and of
+redis_lock.release_channel_prefix, found by an adversarial review: each
+test reproduced a suspected defect and checks that it is gone."""
 import time
 
 import psycopg2
