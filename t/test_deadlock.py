@@ -270,8 +270,10 @@ def test_two_redis_waiters_on_a_cycle_closed_later_one_victim(pg, sessions, rc, 
     assert b.run("SELECT redis_lock_acquire('dl:c2', xact => true) > 0")
     c.run("BEGIN")
     assert c.run("SELECT redis_lock_acquire('dl:c3', xact => true) > 0")
-    start(a, "SELECT redis_lock_acquire('dl:c2', wait => '10s', xact => true)")
-    start(b, "SELECT redis_lock_acquire('dl:c3', wait => '10s', xact => true)")
+    # waits far longer than the test: on a loaded machine a 10 s wait ran
+    # out before C came, and A's abort let C through without waiting
+    start(a, "SELECT redis_lock_acquire('dl:c2', wait => '60s', xact => true)")
+    start(b, "SELECT redis_lock_acquire('dl:c3', wait => '60s', xact => true)")
     wait_for_checks(pg, a.pid, 2)
     wait_for_checks(pg, b.pid, 2)
     c.start(update(9))
@@ -471,9 +473,12 @@ def test_a_waiter_asleep_in_the_local_queue_is_checked(pg, sessions, rc, table):
     q2_xid = xid(q2)
     start(q2, "SELECT redis_lock_acquire('dl:queue', wait => '10s')")
     wait_for_checks(pg, q2.pid, 1)
-    # Q2 sleeps in the queue: only Q1 is subscribed in Redis
+    # Q2 sleeps in the queue: only Q1 is subscribed in Redis (to the key's
+    # notifications the watchdog worker may be subscribed too: A's lock is
+    # one it renews)
     chans = ["redis_lock:release:{dl:queue}", "__keyspace@0__:dl:queue"]
-    assert [n for _, n in rc.pubsub_numsub(*chans)] == [1, 1]
+    release, keyspace = [n for _, n in rc.pubsub_numsub(*chans)]
+    assert release == 1 and keyspace in (1, 2), (release, keyspace)
     q2.started_at = time.monotonic()
     a.start(update(7))
     wait_for_lock_wait(admin, a.pid)

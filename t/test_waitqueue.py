@@ -19,6 +19,10 @@ from testbed import TIME_SCALE as S
 KEY = "herd"
 CHANNEL = "redis_lock:release:{%s}" % KEY
 KEYSPACE = "__keyspace@0__:" + KEY
+# the holder's lock has a fixed lease: the watchdog worker subscribes to the
+# keyspace notifications of the locks it renews (watchevents.c), and the
+# subscriptions counted here are the waiters' alone
+HOLD = "SELECT redis_lock_acquire(%s, ttl => '60s') > 0"
 # a waiter whose cancel is caught by PL/pgSQL (a subtransaction abort) and
 # that then stays in its transaction, on advisory lock 4242
 CATCH_CANCEL_THEN_STAY = (
@@ -74,7 +78,7 @@ def granted_one(waiters, timeout=10):
 
 def test_only_the_first_waiter_works_in_redis_and_order_is_fifo(sessions, rc):
     holder, admin = sessions(), sessions()
-    assert holder.run("SELECT redis_lock_acquire(%s) > 0", (KEY,))
+    assert holder.run(HOLD, (KEY,))
     waiters = queue_up(sessions, admin, rc, 5)
     # five waiters, one subscription of each kind: no herd
     assert subscribers(rc) == {CHANNEL: 1, KEYSPACE: 1}
@@ -126,7 +130,7 @@ def test_redis_work_per_hand_over_does_not_grow_with_waiters(sessions, rc):
     admin = sessions()
     workers = [sessions() for _ in range(16)]
     holder = sessions()
-    assert holder.run("SELECT redis_lock_acquire(%s) > 0", (KEY,))
+    assert holder.run(HOLD, (KEY,))
     for w in workers:
         w.start("SELECT count(*) FROM (SELECT redis_lock_acquire(%s, wait => '60s'), "
                 "redis_lock_release(%s) FROM generate_series(1, 10)) s", (KEY, KEY))
@@ -144,7 +148,7 @@ def test_redis_work_per_hand_over_does_not_grow_with_waiters(sessions, rc):
 
 def test_cancelled_sleeper_and_caught_cancel_leave_the_queue(sessions, rc):
     holder, admin = sessions(), sessions()
-    assert holder.run("SELECT redis_lock_acquire(%s) > 0", (KEY,))
+    assert holder.run(HOLD, (KEY,))
     first = sessions()
     first.start("SELECT redis_lock_acquire(%s, wait => '30s')", (KEY,))
     wait_for_wait_event(admin.conn, first.pid)
@@ -189,7 +193,7 @@ def test_cancelled_sleeper_and_caught_cancel_leave_the_queue(sessions, rc):
 @pytest.mark.parametrize("how", ["cancel", "terminate", "caught cancel"])
 def test_a_head_that_stops_hands_the_lead_on(sessions, rc, how):
     holder, admin = sessions(), sessions()
-    assert holder.run("SELECT redis_lock_acquire(%s) > 0", (KEY,))
+    assert holder.run(HOLD, (KEY,))
     head = sessions()
     if how == "caught cancel":
         admin.run("SELECT pg_advisory_lock(4242)")
@@ -227,7 +231,7 @@ def test_a_head_that_stops_hands_the_lead_on(sessions, rc, how):
 
 def test_wait_runs_out_in_the_queue_and_leaves_it(sessions, rc):
     holder, admin = sessions(), sessions()
-    assert holder.run("SELECT redis_lock_acquire(%s) > 0", (KEY,))
+    assert holder.run(HOLD, (KEY,))
     head = sessions()
     head.start("SELECT redis_lock_acquire(%s, wait => '30s')", (KEY,))
     wait_for_wait_event(admin.conn, head.pid)
