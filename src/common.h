@@ -84,6 +84,16 @@
 #include "storage/ipc.h"
 #include "utils/timestamp.h"
 
+/*
+ * hash_create() flag of a table keyed by C strings: HASH_STRINGS since
+ * PostgreSQL 14, what a table without HASH_BLOBS was before
+ */
+#if PG_VERSION_NUM >= 140000
+#define RL_HASH_STRINGS		HASH_STRINGS
+#else
+#define RL_HASH_STRINGS		0
+#endif
+
 /* Longest lock name accepted, in bytes (doc/reference.md, "Functions") */
 #define RL_MAX_NAME_LEN		512
 /* Longest key_prefix accepted, in bytes */

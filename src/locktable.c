@@ -81,11 +81,7 @@ rl_lt_ensure_table(void)
 	ctl.entrysize = sizeof(RLHeld);
 	ctl.hcxt = TopMemoryContext;
 	rl_lt_held = hash_create("redis_lock held locks", 64, &ctl,
-#if PG_VERSION_NUM >= 140000
-					   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-#else
-					   HASH_ELEM | HASH_CONTEXT);
-#endif
+					   HASH_ELEM | RL_HASH_STRINGS | HASH_CONTEXT);
 	held_peak = 0;
 	if (!callbacks_registered)
 	{

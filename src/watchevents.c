@@ -91,7 +91,7 @@ watch_init(void)
 	ctl.entrysize = sizeof(WatchedKey);
 	ctl.hcxt = TopMemoryContext;
 	watched = hash_create("redis_lock watched keys", 64, &ctl,
-						  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+						  HASH_ELEM | RL_HASH_STRINGS | HASH_CONTEXT);
 	watch_of = MemoryContextAllocZero(TopMemoryContext,
 									  sizeof(WatchedKey *) * Max(rl_shared->nslots, 1));
 	watch_gen = MemoryContextAllocZero(TopMemoryContext,
@@ -379,7 +379,7 @@ check_gone_keys(List *keys)
 	ctl.entrysize = RL_MAX_KEY_LEN + 1;
 	ctl.hcxt = CurrentMemoryContext;
 	set = hash_create("redis_lock gone keys", 16, &ctl,
-					  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+					  HASH_ELEM | RL_HASH_STRINGS | HASH_CONTEXT);
 	foreach(lc, keys)
 	{
 		char		k[RL_MAX_KEY_LEN + 1];
