@@ -48,6 +48,9 @@
 #define RL_WATCH_RETRY_MIN_MS	500
 #define RL_WATCH_RETRY_MAX_MS	10000
 
+/* A lock is subscribed to once held this long (slot_wants_watch) */
+#define RL_WATCH_AFTER_MS		1000
+
 /* Subscriber connections one sleep watches at most */
 #define RL_WATCH_CONNS_MAX		64
 
@@ -98,14 +101,21 @@ watch_init(void)
 									   sizeof(uint32) * Max(rl_shared->nslots, 1));
 }
 
-/* Does slot s want its key watched by the worker of lane? */
+/*
+ * Does slot s want its key watched by the worker of lane?  Only a lock held
+ * since before held_since: most locks are held for milliseconds, and each
+ * subscription is a round trip of the worker's (the first on a node, a
+ * connection), which a release handed to it would wait behind; a loss in a
+ * lock's first RL_WATCH_AFTER_MS is found by its renewal.
+ */
 static bool
-slot_wants_watch(RLSlot *s, RLLane lane)
+slot_wants_watch(RLSlot *s, RLLane lane, TimestampTz held_since)
 {
 	RLSharedTarget *t;
 
 	if (s->state != SLOT_HELD || !s->st.watchdog || s->st.lost ||
-		s->st.session_holds + s->st.xact_holds == 0)
+		s->st.session_holds + s->st.xact_holds == 0 ||
+		s->st.acquired_at > held_since)
 		return false;
 	t = &rl_shared->targets[s->target];
 	return rl_serving_lane(t) == lane && !t->failing;
@@ -132,13 +142,15 @@ unwatch_slot(int i, List **gone)
 static void
 match_slots(RLLane lane, List **gone)
 {
+	TimestampTz held_since = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														 -RL_WATCH_AFTER_MS);
 	int			i;
 
 	LWLockAcquire(rl_shared->lock, LW_SHARED);
 	for (i = 0; i < rl_shared->nslots; i++)
 	{
 		RLSlot	   *s = &rl_shared->slots[i];
-		bool		wants = slot_wants_watch(s, lane);
+		bool		wants = slot_wants_watch(s, lane, held_since);
 		char		hkey[WATCH_HKEY_LEN];
 		WatchedKey *w;
 		bool		found;
