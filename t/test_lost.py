@@ -4,6 +4,7 @@ answered before the lease ran out) and, as redis_lock.on_lost asked when the
 lock was taken, cancels the holder's running statement (reported as 40001
 naming the lock), ends its backend, or leaves it a WARNING for the next
 call.  Foreign owners here are real redis-py clients."""
+import contextlib
 import threading
 import time
 
@@ -478,6 +479,51 @@ def sleep_under_a_watched_lock(a, admin, rc, name, lease):
     testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
 
 
+def assert_loss_stops_a_statement(a, admin, rc, key, bound):
+    """A statement of a's, run now, fails with 40001 within bound (s) of a
+    foreign client deleting key; returns how long it took."""
+    a.start("SELECT pg_sleep(60)")
+    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    t0 = time.monotonic()
+    rc.delete(key)
+    err = ended_with(a, bound + 15)
+    took = time.monotonic() - t0
+    assert err is not None and err.pgcode == "40001", err
+    assert took < bound, took
+    return took
+
+
+def channel_refusals(rc):
+    """Subscriptions the server's ACL refused so far (ACL LOG)."""
+    return sum(int(e[e.index(b"count") + 1]) for e in rc.execute_command("ACL", "LOG")
+               if b"channel" in e[e.index(b"reason") + 1])
+
+
+@contextlib.contextmanager
+def server_for_acl_user(user, rules, lease):
+    """A Redis sending keyspace notifications, its ACL user `user` (password
+    pw) given rules, and a preloaded PostgreSQL that connects as that user:
+    yields (rc, pg, admin)."""
+    r = testbed.Redis().start()
+    pg = admin = None
+    try:
+        rc = r.client()
+        rc.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
+        rc.config_set("notify-keyspace-events", "Kgx")
+        pg = testbed.Postgres(conf={
+            "redis_lock.url": "redis://%s@127.0.0.1:%d/0" % (user, r.port),
+            "redis_lock.password": "pw",
+            "redis_lock.lease_time": lease}).init().start().with_extension()
+        admin = pg.connect()
+        yield rc, pg, admin
+    finally:
+        if admin is not None:
+            admin.close()
+        if pg is not None:
+            pg.cleanup()
+        r.stop()
+
+
 @pytest.fixture
 def events(env):
     r, rc, pg, admin, session = env
@@ -562,41 +608,15 @@ def test_a_user_denied_the_channels_is_told_once_and_renewals_still_find_losses(
     """Redis 7 gives new ACL users no channels: the worker's subscription is
     refused, logged once for as long as it keeps being refused (it tries
     again, backing off), and the loss is found by the renewal instead."""
-    r = testbed.Redis().start()
-    pg = None
-    a = None
-    try:
-        rc = r.client()
-        rc.execute_command("ACL", "SETUSER", "nochan", "reset", "on", ">pw",
-                           "~*", "resetchannels", "+@all")
-        rc.config_set("notify-keyspace-events", "Kgx")
-        pg = testbed.Postgres(conf={
-            "redis_lock.url": "redis://nochan@127.0.0.1:%d/0" % r.port,
-            "redis_lock.password": "pw",
-            "redis_lock.lease_time": "3s"}).init().start().with_extension()
-        admin = pg.connect()
+    with server_for_acl_user("nochan", ["~*", "resetchannels", "+@all"], "3s") as (rc, pg, admin):
         a = Session(pg)
-        assert a.run("SELECT redis_lock_acquire('denied') > 0")
-
-        def refusals():
-            return sum(int(e[e.index(b"count") + 1]) for e in
-                       rc.execute_command("ACL", "LOG")
-                       if b"channel" in e[e.index(b"reason") + 1])
-        # refused, and tried again after backing off
-        testbed.wait_until(lambda: refusals() >= 3, 20, what="three refused subscriptions")
-        line = "could not subscribe to the keyspace notifications"
-        assert pg.log_text().count(line) == 1
-        a.start("SELECT pg_sleep(60)")
-        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
-        t0 = time.monotonic()
-        rc.delete("denied")
-        err = ended_with(a, DETECT + 2)
-        assert err is not None and err.pgcode == "40001", err
-        assert time.monotonic() - t0 < DETECT
-        admin.close()
-    finally:
-        if a is not None:
+        try:
+            assert a.run("SELECT redis_lock_acquire('denied') > 0")
+            # refused, and tried again after backing off
+            testbed.wait_until(lambda: channel_refusals(rc) >= 3, 20,
+                               what="three refused subscriptions")
+            line = "could not subscribe to the keyspace notifications"
+            assert pg.log_text().count(line) == 1
+            assert_loss_stops_a_statement(a, admin, rc, "denied", DETECT)
+        finally:
             a.close()
-        if pg is not None:
-            pg.cleanup()
-        r.stop()

@@ -10,7 +10,10 @@ import pytest
 import testbed
 
 # the servers and helpers of t/test_lost.py (3 s lease, 1 s timeouts)
-from test_lost import DETECT, ended_with, env, lenv, running  # noqa: F401
+from conftest import Session
+from test_lost import (DETECT, EVENT_BOUND, assert_loss_stops_a_statement,  # noqa: F401
+                       channel_refusals, ended_with, env, events, lenv, running,
+                       server_for_acl_user, worker_watches)
 
 # enough on_lost = warn locks that, whatever order the session's table of
 # held locks is walked in, one of them comes before the error lock
@@ -83,21 +86,6 @@ def test_an_unreported_warn_loss_does_not_hide_a_loss_while_idle_in_transaction(
 # ----------------------------------------------------------------------
 # The keyspace watch (watchevents.c)
 # ----------------------------------------------------------------------
-EVENT_BOUND = 1.0       # s, as t/test_lost.py's
-
-
-def worker_watches(rc, key):
-    ch = "__keyspace@0__:" + key
-    return dict(rc.pubsub_numsub(ch)).get(ch.encode(), 0) >= 1
-
-
-@pytest.fixture
-def events(env):
-    r, rc, pg, admin, session = env
-    rc.config_set("notify-keyspace-events", "Kgx")
-    yield env
-    rc.config_set("notify-keyspace-events", "")
-
 
 def test_subscriptions_lost_with_their_connection_are_made_again(events):
     """A subscriber connection killed (a Redis restart, CLIENT KILL, a
@@ -112,14 +100,7 @@ def test_subscriptions_lost_with_their_connection_are_made_again(events):
     assert rc.execute_command("CLIENT", "KILL", "TYPE", "pubsub") >= 1
     testbed.wait_until(lambda: worker_watches(rc, "rewatched"), 10,
                        what="subscribed again")
-    a.start("SELECT pg_sleep(60)")
-    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
-    t0 = time.monotonic()
-    rc.delete("rewatched")
-    err = ended_with(a, 15)
-    took = time.monotonic() - t0
-    assert err is not None and err.pgcode == "40001", err
-    assert took < EVENT_BOUND, took
+    assert_loss_stops_a_statement(a, admin, rc, "rewatched", EVENT_BOUND)
 
 
 # ----------------------------------------------------------------------
@@ -167,7 +148,6 @@ def test_redlock_a_minority_deleted_is_no_loss_a_majority_is_found_at_once():
             "redis_lock.nodes": ",".join(m.url for m in ms),
             "redis_lock.lease_time": "30s"}).init().start().with_extension()
         admin = pg.connect()
-        from conftest import Session
         a = Session(pg)
         assert a.run("SELECT redis_lock_try_acquire('rl-watch')")
         for c in cs:
@@ -206,50 +186,20 @@ def test_one_refused_subscription_leaves_the_others_of_its_node_standing():
     connection, with every other key's subscription on it, again at every
     retry: one lock outside the pattern (any role can name one) turned the
     event detection off for every lock of that target."""
-    r = testbed.Redis().start()
-    pg = None
-    sessions = []
-    try:
-        rc = r.client()
-        rc.execute_command("ACL", "SETUSER", "somechan",
-                           "reset", "on", ">pw", "~*", "resetchannels",
-                           "&__keyspace@0__:ok-*", "+@all")
-        rc.config_set("notify-keyspace-events", "Kgx")
-        pg = testbed.Postgres(conf={
-            "redis_lock.url": "redis://somechan@127.0.0.1:%d/0" % r.port,
-            "redis_lock.password": "pw",
-            "redis_lock.lease_time": "30s"}).init().start().with_extension()
-        admin = pg.connect()
-        from conftest import Session
-        a = Session(pg)
-        b = Session(pg)
-        sessions += [a, b]
-        assert a.run("SELECT redis_lock_acquire('ok-1') > 0")
-        testbed.wait_until(lambda: worker_watches(rc, "ok-1"), 10, what="subscribed")
-        assert b.run("SELECT redis_lock_acquire('other-1') > 0")
-
-        def refusals():
-            return sum(int(e[e.index(b"count") + 1]) for e in
-                       rc.execute_command("ACL", "LOG")
-                       if b"channel" in e[e.index(b"reason") + 1])
-        testbed.wait_until(lambda: refusals() >= 2, 20,
-                           what="the other key refused, and tried again")
-        assert worker_watches(rc, "ok-1")
-        a.start("SELECT pg_sleep(60)")
-        testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
-        t0 = time.monotonic()
-        rc.delete("ok-1")
-        err = ended_with(a, 15)
-        took = time.monotonic() - t0
-        assert err is not None and err.pgcode == "40001", err
-        assert took < EVENT_BOUND, took
-        admin.close()
-    finally:
-        for s in sessions:
-            s.close()
-        if pg is not None:
-            pg.cleanup()
-        r.stop()
+    rules = ["~*", "resetchannels", "&__keyspace@0__:ok-*", "+@all"]
+    with server_for_acl_user("somechan", rules, "30s") as (rc, pg, admin):
+        a, b = Session(pg), Session(pg)
+        try:
+            assert a.run("SELECT redis_lock_acquire('ok-1') > 0")
+            testbed.wait_until(lambda: worker_watches(rc, "ok-1"), 10, what="subscribed")
+            assert b.run("SELECT redis_lock_acquire('other-1') > 0")
+            testbed.wait_until(lambda: channel_refusals(rc) >= 2, 20,
+                               what="the other key refused, and tried again")
+            assert worker_watches(rc, "ok-1")
+            assert_loss_stops_a_statement(a, admin, rc, "ok-1", EVENT_BOUND)
+        finally:
+            a.close()
+            b.close()
 
 
 def test_a_release_the_worker_makes_for_a_session_publishes_too(env):
@@ -330,7 +280,6 @@ def test_keyspace_events_over_tls_each_found_at_once(tls_env):
     """Over TLS a read may leave decrypted bytes in the TLS layer that the
     socket no longer shows: events that came in one record (one DEL of two
     watched keys) must each be found, at once."""
-    from conftest import Session
     r, pg = tls_env
     rc = r.client()
     rc.config_set("notify-keyspace-events", "Kgx")
