@@ -357,3 +357,92 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION redis_lock_release_write(text) IS
 'drop one session-scoped exclusive (write) hold of a Redis read-write lock';
+
+-- Semaphores shared with services (issue 36, doc/semaphores.md): at most N
+-- permits taken at once across SQL and Redisson / redis-semaphore clients.
+CREATE FUNCTION redis_semaphore_acquire(semaphore_name text,
+                                        permits integer DEFAULT 1,
+                                        ttl interval DEFAULT NULL,
+                                        wait interval DEFAULT NULL,
+                                        xact boolean DEFAULT false,
+                                        max_permits integer DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_semaphore_acquire'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphore_acquire(text, integer, interval, interval, boolean, integer) IS
+'take permits of a Redis semaphore, waiting up to wait; 55P03 when not obtained';
+
+CREATE FUNCTION redis_semaphore_try_acquire(semaphore_name text,
+                                            permits integer DEFAULT 1,
+                                            ttl interval DEFAULT NULL,
+                                            wait interval DEFAULT '0',
+                                            xact boolean DEFAULT false,
+                                            max_permits integer DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_semaphore_try_acquire'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphore_try_acquire(text, integer, interval, interval, boolean, integer) IS
+'take permits of a Redis semaphore if they can be had within wait';
+
+CREATE FUNCTION redis_semaphore_release(semaphore_name text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_semaphore_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphore_release(text) IS
+'give back this session''s session-scoped permits of a Redis semaphore';
+
+CREATE FUNCTION redis_semaphore_extend(semaphore_name text,
+                                       ttl interval DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_semaphore_extend'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphore_extend(text, interval) IS
+'restart the lease of this session''s permits of a Redis semaphore';
+
+CREATE FUNCTION redis_semaphores_held(OUT semaphore_name text,
+                                      OUT scope text,
+                                      OUT permits integer,
+                                      OUT permit_ids text[],
+                                      OUT acquired_at timestamptz,
+                                      OUT lease interval,
+                                      OUT watchdog boolean,
+                                      OUT lost boolean,
+                                      OUT redis_key text,
+                                      OUT protocol text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'redis_semaphores_held'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphores_held() IS
+'the Redis semaphore permits this session holds';
+
+CREATE FUNCTION redis_semaphore_status(semaphore_name text,
+                                       max_permits integer DEFAULT NULL,
+                                       ttl interval DEFAULT NULL,
+                                       OUT initialized boolean,
+                                       OUT available bigint,
+                                       OUT taken bigint,
+                                       OUT held_by_me integer,
+                                       OUT redis_key text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'redis_semaphore_status'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphore_status(text, integer, interval) IS
+'what Redis says of a semaphore now: whether it exists, permits available and taken';
+
+CREATE FUNCTION redis_semaphore_init(semaphore_name text, permits integer)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'redis_semaphore_init'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION redis_semaphore_init(text, integer) IS
+'administrative: give a Redisson semaphore its permits if it has none yet (trySetPermits)';
+
+-- Whoever sets a semaphore's permits first sets the limit of every
+-- application sharing it: for the roles a superuser grants it to.
+REVOKE EXECUTE ON FUNCTION redis_semaphore_init(text, integer) FROM PUBLIC;

@@ -18,7 +18,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "lockmany.h"
+#include "functions_int.h"
 
 #include <math.h>
 
@@ -92,8 +92,8 @@ refuse_reserved_name(const char *name, int element)
 					   element, name, prefix, name, mark)));
 }
 
-static char *
-arg_lock_name(FunctionCallInfo fcinfo, int argno)
+char *
+rl_fn_arg_name(FunctionCallInfo fcinfo, int argno)
 {
 	text	   *t;
 	int			len;
@@ -120,8 +120,8 @@ arg_lock_name(FunctionCallInfo fcinfo, int argno)
 }
 
 /* Interval argument in milliseconds; -1 when NULL */
-static int64
-arg_interval_ms(FunctionCallInfo fcinfo, int argno, const char *what,
+int64
+rl_fn_arg_interval_ms(FunctionCallInfo fcinfo, int argno, const char *what,
 				bool zero_ok)
 {
 	Interval   *iv;
@@ -156,8 +156,8 @@ arg_interval_ms(FunctionCallInfo fcinfo, int argno, const char *what,
 	return (int64) ceil(ms);
 }
 
-static bool
-arg_bool(FunctionCallInfo fcinfo, int argno, const char *what)
+bool
+rl_fn_arg_bool(FunctionCallInfo fcinfo, int argno, const char *what)
 {
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
@@ -180,12 +180,15 @@ mode_datum(RLProtocol protocol)
 			return CStringGetTextDatum("read");
 		case RL_PROTOCOL_RW_WRITE:
 			return CStringGetTextDatum("write");
+		case RL_PROTOCOL_SEM_REDISSON:
+		case RL_PROTOCOL_SEM_NPM:
+			return CStringGetTextDatum("permit");
 	}
 	return CStringGetTextDatum("exclusive");
 }
 
-static Interval *
-ms_to_interval(int64 ms)
+Interval *
+rl_fn_ms_to_interval(int64 ms)
 {
 	Interval   *iv = palloc0(sizeof(Interval));
 
@@ -212,6 +215,21 @@ raise_not_obtained(const char *name, int64 wait_ms)
 }
 
 /*
+ * Refuse a session-scoped hold (of a lock or of a semaphore's permits)
+ * where redis_lock.session_locks is off
+ */
+void
+rl_fn_check_scope(bool xact)
+{
+	if (!xact && !rl_session_locks)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("session-scoped Redis locks are disabled for this session"),
+				 errdetail("redis_lock.session_locks is off: behind a transaction-pooling connection pooler another client would inherit the lock."),
+				 errhint("Take the lock with xact => true inside a transaction, or use redis_lock_with_lock.")));
+}
+
+/*
  * The acquire functions' common part: arguments (lock_name, ttl, wait,
  * xact), then one mode of the lock.  A session that holds a read-write lock
  * for reading only is refused its write hold at once (*obtained false, or
@@ -221,20 +239,15 @@ static int64
 do_acquire(FunctionCallInfo fcinfo, RLLockMode mode, int64 default_wait,
 		   bool refuse_upgrade, bool *obtained, int64 *wait_out)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
-	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
-	int64		wait = arg_interval_ms(fcinfo, 2, "wait", true);
-	bool		xact = arg_bool(fcinfo, 3, "xact");
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
+	int64		ttl = rl_fn_arg_interval_ms(fcinfo, 1, "ttl", false);
+	int64		wait = rl_fn_arg_interval_ms(fcinfo, 2, "wait", true);
+	bool		xact = rl_fn_arg_bool(fcinfo, 3, "xact");
 
 	if (wait < 0)
 		wait = default_wait;
 	*wait_out = wait;
-	if (!xact && !rl_session_locks)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("session-scoped Redis locks are disabled for this session"),
-				 errdetail("redis_lock.session_locks is off: behind a transaction-pooling connection pooler another client would inherit the lock."),
-				 errhint("Take the lock with xact => true inside a transaction, or use redis_lock_with_lock.")));
+	rl_fn_check_scope(xact);
 	if (mode == RL_MODE_WRITE && rl_holds_read_only(name))
 	{
 		if (refuse_upgrade)
@@ -347,21 +360,21 @@ redis_lock_try_acquire_write(PG_FUNCTION_ARGS)
 Datum
 redis_lock_release(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BOOL(rl_release(RL_MODE_EXCLUSIVE, arg_lock_name(fcinfo, 0)));
+	PG_RETURN_BOOL(rl_release(RL_MODE_EXCLUSIVE, rl_fn_arg_name(fcinfo, 0)));
 }
 
 /* redis_lock_release_read(lock_name): drop one session-scoped read hold */
 Datum
 redis_lock_release_read(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BOOL(rl_release(RL_MODE_READ, arg_lock_name(fcinfo, 0)));
+	PG_RETURN_BOOL(rl_release(RL_MODE_READ, rl_fn_arg_name(fcinfo, 0)));
 }
 
 /* redis_lock_release_write(lock_name): drop one session-scoped write hold */
 Datum
 redis_lock_release_write(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BOOL(rl_release(RL_MODE_WRITE, arg_lock_name(fcinfo, 0)));
+	PG_RETURN_BOOL(rl_release(RL_MODE_WRITE, rl_fn_arg_name(fcinfo, 0)));
 }
 
 /*
@@ -382,10 +395,10 @@ redis_lock_release_all(PG_FUNCTION_ARGS)
 Datum
 redis_lock_extend(PG_FUNCTION_ARGS)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
-	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
+	int64		ttl = rl_fn_arg_interval_ms(fcinfo, 1, "ttl", false);
 
-	PG_RETURN_BOOL(rl_extend(name, ttl));
+	PG_RETURN_BOOL(rl_extend(RL_MODE_EXCLUSIVE, name, ttl));
 }
 
 /*
@@ -396,7 +409,7 @@ redis_lock_extend(PG_FUNCTION_ARGS)
 Datum
 redis_lock_check(PG_FUNCTION_ARGS)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
 
 	PG_RETURN_BOOL(rl_check_lock(name));
 }
@@ -408,7 +421,7 @@ redis_lock_check(PG_FUNCTION_ARGS)
 Datum
 redis_lock_fence(PG_FUNCTION_ARGS)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
 	RLHeld	   *e;
 
 	rl_safe_point();
@@ -533,9 +546,9 @@ redis_lock_acquire_many(PG_FUNCTION_ARGS)
 {
 	int			n;
 	char	  **names = arg_lock_names(fcinfo, 0, &n);
-	int64		ttl = arg_interval_ms(fcinfo, 1, "ttl", false);
-	int64		wait = arg_interval_ms(fcinfo, 2, "wait", true);
-	bool		xact = arg_bool(fcinfo, 3, "xact");
+	int64		ttl = rl_fn_arg_interval_ms(fcinfo, 1, "ttl", false);
+	int64		wait = rl_fn_arg_interval_ms(fcinfo, 2, "wait", true);
+	bool		xact = rl_fn_arg_bool(fcinfo, 3, "xact");
 	bool		obtained;
 	int			busy;
 	int64	   *fences;
@@ -614,7 +627,7 @@ redis_lock_release_many(PG_FUNCTION_ARGS)
 Datum
 redis_lock_with_lock(PG_FUNCTION_ARGS)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
 	char	   *query;
 	int64		ttl;
 	int64		wait;
@@ -628,8 +641,8 @@ redis_lock_with_lock(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("query must not be null")));
 	query = text_to_cstring(PG_GETARG_TEXT_PP(1));
-	ttl = arg_interval_ms(fcinfo, 2, "ttl", false);
-	wait = arg_interval_ms(fcinfo, 3, "wait", true);
+	ttl = rl_fn_arg_interval_ms(fcinfo, 2, "ttl", false);
+	wait = rl_fn_arg_interval_ms(fcinfo, 3, "wait", true);
 	if (wait < 0)
 		wait = rl_wait_timeout_ms;
 
@@ -687,8 +700,8 @@ redis_lock_with_lock(PG_FUNCTION_ARGS)
  * Introspection
  * ----------------------------------------------------------------
  */
-static void
-materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts, TupleDesc *td)
+void
+rl_fn_materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts, TupleDesc *td)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	MemoryContext old;
@@ -722,7 +735,7 @@ redis_lock_held(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 
-	materialize(fcinfo, &ts, &td);
+	rl_fn_materialize(fcinfo, &ts, &td);
 	rl_safe_point();
 	n = rl_held_snapshot(&ents);
 	for (i = 0; i < n; i++)
@@ -736,14 +749,15 @@ redis_lock_held(PG_FUNCTION_ARGS)
 			Datum		values[11];
 			bool		nulls[11] = {0};
 
-			if (holds == 0)
+			/* a semaphore's permits: redis_semaphores_held() */
+			if (holds == 0 || e->mode == RL_MODE_PERMIT)
 				continue;
 			values[0] = CStringGetTextDatum(e->name);
 			values[1] = CStringGetTextDatum(scope == 0 ? "session" : "transaction");
 			values[2] = Int32GetDatum(holds);
 			values[3] = Int64GetDatum(e->fence);
 			values[4] = TimestampTzGetDatum(e->acquired_at);
-			values[5] = IntervalPGetDatum(ms_to_interval(e->lease_ms));
+			values[5] = IntervalPGetDatum(rl_fn_ms_to_interval(e->lease_ms));
 			values[6] = BoolGetDatum(e->watchdog);
 			values[7] = BoolGetDatum(e->lost);
 			values[8] = CStringGetTextDatum(e->names.key);
@@ -787,7 +801,7 @@ lock_names_for(const char *name, RLHeld **e, RLLockNames *names)
 Datum
 redis_lock_status(PG_FUNCTION_ARGS)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
 	RLHeld	   *e;
 	RLLockNames names;
 	RLLockOp	op;
@@ -868,7 +882,7 @@ redis_lock_status(PG_FUNCTION_ARGS)
 		values[0] = BoolGetDatum(false);
 	values[1] = BoolGetDatum(mine >= quorum);
 	if (ttl > 0)
-		values[2] = IntervalPGetDatum(ms_to_interval(ttl));
+		values[2] = IntervalPGetDatum(rl_fn_ms_to_interval(ttl));
 	else
 		nulls[2] = true;
 	if (owner != NULL)
@@ -887,7 +901,7 @@ redis_lock_status(PG_FUNCTION_ARGS)
 Datum
 redis_lock_force_release(PG_FUNCTION_ARGS)
 {
-	char	   *name = arg_lock_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_name(fcinfo, 0);
 	RLHeld	   *e;
 	RLLockNames names;
 	RLLockOp	op;
@@ -936,7 +950,7 @@ put_lock_rows(Tuplestorestate *ts, TupleDesc td, RLLockInfo *l)
 		values[6] = TimestampTzGetDatum(l->st.acquired_at);
 		values[7] = TimestampTzGetDatum(l->st.last_renewed_at);
 		nulls[7] = l->st.last_renewed_at == 0;
-		values[8] = IntervalPGetDatum(ms_to_interval(l->st.lease_ms));
+		values[8] = IntervalPGetDatum(rl_fn_ms_to_interval(l->st.lease_ms));
 		values[9] = BoolGetDatum(l->st.watchdog);
 		values[10] = BoolGetDatum(l->st.lost);
 		values[11] = CStringGetTextDatum(l->key);
@@ -959,7 +973,7 @@ redis_lock_all_locks(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 
-	materialize(fcinfo, &ts, &td);
+	rl_fn_materialize(fcinfo, &ts, &td);
 	if (!rl_registry_snapshot(&locks, &n))
 	{
 		RLHeld	   *ents;

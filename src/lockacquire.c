@@ -493,6 +493,13 @@ acquire_again(RLHeld *e, int64 lease_ms, RLScope scope)
  * preloading unless reclaimed: that one's release is on its way already),
  * else a new one; registered with the watchdog under the passwords of now.
  */
+/*
+ * The permits and limit of the semaphore acquire under way
+ * (rl_acquire_permits), for the entry its attempts run on
+ */
+static int	sem_permits;
+static int	sem_max_permits;
+
 static RLHeld *
 entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 				  int64 lease_ms, bool reclaimed)
@@ -525,6 +532,11 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 		e = rl_lt_entry_create(mode, name);
 	else if (e->registry_slot >= 0)
 		rl_lt_registry_drop(e);
+	if (mode == RL_MODE_PERMIT)
+	{
+		e->names.permits = sem_permits;
+		e->names.max_permits = sem_max_permits;
+	}
 	e->lease_ms = lease_ms;
 	if (rl_watchdog_enabled() && e->registry_slot < 0)
 		e->registry_slot = rl_registry_add(e->name, &e->names, e->target,
@@ -723,9 +735,15 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	{
 		RLWaitKey	wk = {e->target->spec, e->names.key, e->names.protocol};
 
-		rl_deadlock_wait_begin(&wk, 1);
+		/*
+		 * A semaphore's waiter waits for no holder in particular (any of
+		 * them may give a permit back): no deadlock is found through it.
+		 */
+		if (mode != RL_MODE_PERMIT)
+			rl_deadlock_wait_begin(&wk, 1);
 		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);
-		rl_deadlock_wait_end();
+		if (mode != RL_MODE_PERMIT)
+			rl_deadlock_wait_end();
 	}
 
 	if (outcome == ACQ_GOT && op.replicas_short > 0)
@@ -747,6 +765,34 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	if (rl_lt_npending > 0)
 		rl_lt_settle_pending(false, false);
 	return 0;
+}
+
+/*
+ * Take permits of semaphore name, waiting up to wait_ms (none when 0):
+ * true when they were taken.  max_permits is the limit passed to Redis
+ * under redis_semaphore (0 under redisson_semaphore, which keeps its count
+ * in Redis).  A session holds one set of permits of a semaphore at a time:
+ * taking more while it holds some would wait for itself once the limit is
+ * reached, so it takes every permit it needs in one call.
+ */
+bool
+rl_acquire_permits(const char *name, int permits, int max_permits,
+				   int64 ttl_ms, int64 wait_ms, RLScope scope)
+{
+	RLHeld	   *e = rl_lt_entry_find(RL_MODE_PERMIT, name);
+	bool		obtained;
+
+	if (e != NULL && RL_HOLDS(e) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("this session already holds permits of Redis semaphore \"%s\"",
+						name),
+				 errdetail("It holds %d of them.", e->names.permits),
+				 errhint("Release them first, or take every permit needed in one call.")));
+	sem_permits = permits;
+	sem_max_permits = max_permits;
+	(void) rl_acquire(RL_MODE_PERMIT, name, ttl_ms, wait_ms, scope, &obtained);
+	return obtained;
 }
 
 /* ----------------------------------------------------------------

@@ -174,6 +174,22 @@ count_answer(RLLockOp *op, RLCall *unit, int n, FollowUps *follow)
 			return;
 		}
 	}
+	else if (op->kind == RL_OP_SEM_STATUS || op->kind == RL_OP_SEM_SETUP)
+	{
+		char	   *type;
+
+		if (rl_sem_reply(unit, &type) != NULL)
+		{
+			op->yes++;
+			return;
+		}
+		if (type != NULL)
+		{
+			op->no++;
+			op->wrongtype = type;
+			return;
+		}
+	}
 	else
 	{
 		char	   *text;
@@ -746,6 +762,12 @@ rl_op_found_ttl(RLLockOp *op)
 RLReply *
 rl_op_inspect_reply(RLLockOp *op, int node)
 {
+	if (op->kind == RL_OP_SEM_STATUS || op->kind == RL_OP_SEM_SETUP)
+	{
+		char	   *type;
+
+		return rl_sem_reply(&op->calls[node * op->stride], &type);
+	}
 	return rl_inspect_reply(&op->calls[node * op->stride], op->unit_calls);
 }
 

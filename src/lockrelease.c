@@ -67,7 +67,9 @@ release_one(RLLockMode mode, const char *name, bool nowait)
 				 mode == RL_MODE_READ ?
 				 errdetail("This session has no read hold of it.") :
 				 mode == RL_MODE_WRITE ?
-				 errdetail("This session has no write hold of it.") : 0));
+				 errdetail("This session has no write hold of it.") :
+				 mode == RL_MODE_PERMIT ?
+				 errdetail("This session holds no permits of semaphore \"%s\".", name) : 0));
 		return false;
 	}
 	if (e->session_holds == 0)
@@ -273,14 +275,14 @@ rl_discard_session_locks(void)
  * with a WARNING when the lock is not held or was found lost.
  */
 bool
-rl_extend(const char *name, int64 ttl_ms)
+rl_extend(RLLockMode mode, const char *name, int64 ttl_ms)
 {
 	RLHeld	   *e;
 	int64		lease_ms;
 	bool		watchdog;
 
 	rl_safe_point();
-	e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
+	e = rl_lt_entry_find(mode, name);
 	if (e == NULL || RL_HOLDS(e) == 0)
 	{
 		ereport(WARNING,

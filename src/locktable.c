@@ -135,6 +135,7 @@ held_key(char *hkey, RLLockMode mode, const char *name)
 		[RL_MODE_EXCLUSIVE] = 'x',
 		[RL_MODE_READ] = 'r',
 		[RL_MODE_WRITE] = 'w',
+		[RL_MODE_PERMIT] = 'p',
 	};
 
 	hkey[0] = letter[mode];
@@ -168,6 +169,8 @@ rl_lt_mode_protocol(RLLockMode mode)
 			return RL_PROTOCOL_RW_READ;
 		case RL_MODE_WRITE:
 			return RL_PROTOCOL_RW_WRITE;
+		case RL_MODE_PERMIT:
+			return (RLProtocol) rl_semaphore_protocol;
 	}
 	return (RLProtocol) rl_protocol;
 }
@@ -216,7 +219,7 @@ rl_lt_entry_create(RLLockMode mode, const char *name)
 	{
 		RLHeld	   *other = NULL;
 
-		if (mode != RL_MODE_EXCLUSIVE)
+		if (mode == RL_MODE_READ || mode == RL_MODE_WRITE)
 			other = rl_lt_entry_find(mode == RL_MODE_READ ? RL_MODE_WRITE : RL_MODE_READ,
 									 name);
 		if (other != NULL && RL_HOLDS(other) > 0)
@@ -323,7 +326,7 @@ held_sibling(RLHeld *e)
 {
 	RLHeld	   *o;
 
-	if (e->mode == RL_MODE_EXCLUSIVE)
+	if (e->mode != RL_MODE_READ && e->mode != RL_MODE_WRITE)
 		return NULL;
 	o = rl_lt_entry_find(e->mode == RL_MODE_READ ? RL_MODE_WRITE : RL_MODE_READ,
 						 e->name);
@@ -505,6 +508,15 @@ RLHeld *
 rl_lookup(const char *name)
 {
 	RLHeld	   *e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
+
+	return (e != NULL && RL_HOLDS(e) > 0) ? e : NULL;
+}
+
+/* The entry of one mode of name this backend holds, else NULL */
+RLHeld *
+rl_lookup_mode(RLLockMode mode, const char *name)
+{
+	RLHeld	   *e = rl_lt_entry_find(mode, name);
 
 	return (e != NULL && RL_HOLDS(e) > 0) ? e : NULL;
 }

@@ -23,14 +23,17 @@ typedef enum RLScope
 } RLScope;
 
 /*
- * Which lock object of a name: the exclusive lock, or the read or the write
- * hold of the read-write lock of that name.  The three are separate entries.
+ * Which lock object of a name: the exclusive lock, the read or the write
+ * hold of the read-write lock of that name, or the permits of the
+ * semaphore of that name.  The four are separate entries.  A permit entry
+ * has one hold, however many permits it took (RLLockNames.permits).
  */
 typedef enum RLLockMode
 {
 	RL_MODE_EXCLUSIVE,
 	RL_MODE_READ,
-	RL_MODE_WRITE
+	RL_MODE_WRITE,
+	RL_MODE_PERMIT
 } RLLockMode;
 
 /* One lock this backend holds (or may hold, when holds are zero) */
@@ -78,13 +81,16 @@ typedef struct RLHeld
 
 extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
 						int64 wait_ms, RLScope scope, bool *obtained);
+extern bool rl_acquire_permits(const char *name, int permits, int max_permits,
+							   int64 ttl_ms, int64 wait_ms, RLScope scope);
 extern bool rl_release(RLLockMode mode, const char *name);
 extern void rl_release_nowait(const char *name);
 extern bool rl_holds_read_only(const char *name);
 extern int	rl_release_all_session(void);
 extern void rl_discard_session_locks(void);
-extern bool rl_extend(const char *name, int64 ttl_ms);
+extern bool rl_extend(RLLockMode mode, const char *name, int64 ttl_ms);
 extern RLHeld *rl_lookup(const char *name);
+extern RLHeld *rl_lookup_mode(RLLockMode mode, const char *name);
 extern RLHeld *rl_lookup_any(const char *name);
 extern void rl_forget(const char *name);
 extern void rl_safe_point(void);

@@ -140,7 +140,7 @@ rl_key_splits_slots(RLProtocol protocol, const char *key)
 	 * A write hold's release publishes on redisson_rwlock:<key>, which with
 	 * sharded pub/sub must be in the key's slot too
 	 */
-	if (protocol == RL_PROTOCOL_SIMPLE ||
+	if (protocol == RL_PROTOCOL_SIMPLE || protocol == RL_PROTOCOL_SEM_NPM ||
 		(protocol == RL_PROTOCOL_RW_WRITE && !rl_sharded_pubsub))
 		return false;
 	return strchr(key, '{') != NULL && !has_hash_tag(key, strlen(key));
@@ -179,6 +179,16 @@ rl_wait_channel(const RLLockNames *n)
 	if (n->protocol == RL_PROTOCOL_REDISSON_FAIR)
 		return psprintf("%s:%s", n->channel, n->owner);
 	return n->channel;
+}
+
+/*
+ * A Redisson semaphore's set of permits taken: "{key}:timeout", or
+ * "key:timeout" when the key has a "{" (Redisson's suffix rule)
+ */
+char *
+rl_sem_timeout_key(const RLLockNames *n)
+{
+	return psprintf("%s:timeout", rl_rw_timeout_prefix(n->key));
 }
 
 /* The timeout key of our one read hold: count 1, so suffix ":1" */
@@ -264,6 +274,18 @@ names_around_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
 		names->channel = rl_redisson_prefix_name("redisson_lock__channel", names->key);
 		names->fence_key = slot_fence_key(prefix, names->key, names->keylen);
 		names->name_counter = rl_redisson_token_counter;
+	}
+	else if (protocol == RL_PROTOCOL_SEM_REDISSON)
+	{
+		/* semaphores have no fencing tokens */
+		names->channel = rl_redisson_prefix_name("redisson_sc", names->key);
+		names->fence_key = NULL;
+	}
+	else if (protocol == RL_PROTOCOL_SEM_NPM)
+	{
+		/* redis-semaphore publishes nothing: waiters poll */
+		names->channel = concat4("redis_lock:release:{", names->key, "}", "");
+		names->fence_key = NULL;
 	}
 	else if (RL_PROTOCOL_IS_RW(protocol))
 	{
@@ -425,6 +447,35 @@ new_redisson_field(char *field, size_t size)
 			 h, h + 8, h + 12, h + 16, h + 20, MyProcPid);
 }
 
+/*
+ * A semaphore holder's owner value, fresh for every attempt: the permits it
+ * takes are named from it (scripts.c).  redisson_semaphore: 112 random bits
+ * as 28 hex digits, each permit id those 14 bytes and a 2-byte index (16
+ * raw bytes, as Redisson's ids are); redis_semaphore: a version 4 UUID as
+ * crypto.randomUUID() makes them, each member "<uuid>_<index>", as the
+ * package's MultiSemaphore names its own.
+ */
+static void
+new_semaphore_owner(RLProtocol protocol, char *owner)
+{
+	const uint8 *r = token_random_bytes();
+
+	if (protocol == RL_PROTOCOL_SEM_REDISSON)
+		rl_hex_encode(r, 14, owner);
+	else
+	{
+		uint8		u[16];
+		char		h[33];
+
+		memcpy(u, r, sizeof(u));
+		u[6] = (u[6] & 0x0f) | 0x40;	/* version 4 */
+		u[8] = (u[8] & 0x3f) | 0x80;	/* variant */
+		rl_hex_encode(u, 16, h);
+		snprintf(owner, RL_OWNER_LEN + 1, "%.8s-%.4s-%.4s-%.4s-%.12s",
+				 h, h + 8, h + 12, h + 16, h + 20);
+	}
+}
+
 /* owner from a field: the field, or for a write hold the field + ":write" */
 static void
 owner_from_field(RLProtocol protocol, const char *field, char *owner)
@@ -443,7 +494,9 @@ owner_from_field(RLProtocol protocol, const char *field, char *owner)
 void
 rl_new_owner(RLProtocol protocol, char *owner)
 {
-	if (protocol != RL_PROTOCOL_SIMPLE)
+	if (RL_PROTOCOL_IS_SEM(protocol))
+		new_semaphore_owner(protocol, owner);
+	else if (protocol != RL_PROTOCOL_SIMPLE)
 	{
 		if (redisson_field[0] == '\0')
 			new_redisson_field(redisson_field, sizeof(redisson_field));
@@ -468,7 +521,7 @@ rl_unused_owner(RLProtocol protocol, char *owner)
 {
 	char		field[RL_OWNER_LEN + 1];
 
-	if (protocol == RL_PROTOCOL_SIMPLE)
+	if (protocol == RL_PROTOCOL_SIMPLE || RL_PROTOCOL_IS_SEM(protocol))
 	{
 		rl_new_owner(protocol, owner);
 		return;

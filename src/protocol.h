@@ -37,6 +37,15 @@ typedef enum RLScriptId
 	RL_SCRIPT_INSPECT,
 	RL_SCRIPT_SIMPLE_ACQUIRE_MANY,
 	RL_SCRIPT_REDISSON_ACQUIRE_MANY,
+	RL_SCRIPT_SEM_ACQUIRE,
+	RL_SCRIPT_SEM_RELEASE,
+	RL_SCRIPT_SEM_EXTEND,
+	RL_SCRIPT_SEM_STATUS,
+	RL_SCRIPT_SEM_SETUP,
+	RL_SCRIPT_NPM_ACQUIRE,
+	RL_SCRIPT_NPM_RELEASE,
+	RL_SCRIPT_NPM_EXTEND,
+	RL_SCRIPT_NPM_STATUS,
 	RL_SCRIPT_COUNT
 } RLScriptId;
 
@@ -56,6 +65,10 @@ typedef struct RLLockNames
 	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
 	bool		script_free;	/* simple layout without Lua scripts
 								 * (redis_lock.scripting off when built) */
+	int			permits;		/* semaphores: how many permits the holder
+								 * takes; their ids are named from owner */
+	int			max_permits;	/* redis_semaphore: the limit each client
+								 * passes (none is stored in Redis) */
 	bool		name_counter;	/* redisson layouts: fencing tokens also
 								 * count Redisson's per-name counter
 								 * (redis_lock.redisson_token_counter on
@@ -74,7 +87,10 @@ typedef enum RLOpKind
 	RL_OP_RELEASE,
 	RL_OP_FORCE,
 	RL_OP_INSPECT,
-	RL_OP_DEQUEUE				/* leave a fair lock's queue */
+	RL_OP_DEQUEUE,				/* leave a fair lock's queue */
+	RL_OP_SEM_STATUS,			/* a semaphore's permits, read only */
+	RL_OP_SEM_SETUP				/* set a semaphore's permits if it has none
+								 * (RLLockNames.permits) */
 } RLOpKind;
 
 /*
@@ -164,6 +180,7 @@ extern int	rl_error_reply_sqlstate(const RLReply *r);
 extern int64 rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n);
 extern void rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res);
 extern RLReply *rl_inspect_reply(RLCall *unit, int n);
+extern RLReply *rl_sem_reply(RLCall *unit, char **type);
 extern bool rl_protocol_has_many(RLProtocol protocol);
 extern void rl_call_acquire_many(RLCall *call, RLConn *conn,
 								 const RLLockNames *const *names, int n,

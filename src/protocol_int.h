@@ -33,6 +33,7 @@ extern char *rl_unix_ms_text(void);
 extern char *rl_fair_queue_key(const RLLockNames *n);
 extern char *rl_fair_timeout_key(const RLLockNames *n);
 extern char *rl_rw_read_timeout_key(const RLLockNames *n);
+extern char *rl_sem_timeout_key(const RLLockNames *n);
 extern char *rl_rw_timeout_prefix(const char *key);
 extern char *rl_redisson_prefix_name(const char *prefix, const char *key);
 extern bool rl_is_lock_value(const char *s, size_t len);

@@ -369,6 +369,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->target = tidx;
 	s->st.protocol = names->protocol;
 	s->st.script_free = names->script_free;
+	s->st.permits = names->permits;
 	s->st.watchdog = false;
 	s->st.lost = false;
 	s->st.lost_at = 0;

@@ -601,6 +601,40 @@ rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n)
 }
 
 /*
+ * The answer of a semaphore's status or set-up script on one node: an
+ * integer (set up: 1 set, 0 it had a count), or {exists, free, taken}
+ * (status); NULL with *type set for {-1, type}, a key of another kind;
+ * NULL for anything else.
+ */
+RLReply *
+rl_sem_reply(RLCall *unit, char **type)
+{
+	RLReply    *r = unit->reply;
+	size_t		i;
+
+	*type = NULL;
+	if (r == NULL)
+		return NULL;
+	if (r->type == REDIS_REPLY_INTEGER)
+		return r;
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+		r->element[0]->type != REDIS_REPLY_INTEGER)
+		return NULL;
+	if (r->element[0]->integer == -1)
+	{
+		if (r->elements == 2 && is_text(r->element[1]))
+			*type = r->element[1]->str;
+		return NULL;
+	}
+	if (r->elements != 3)
+		return NULL;
+	for (i = 0; i < r->elements; i++)
+		if (r->element[i]->type != REDIS_REPLY_INTEGER)
+			return NULL;
+	return r;
+}
+
+/*
  * A script-free release, extend, renew or force-delete: its compare said
  * yes or no.  A key of another type is not ours (as in the scripts, whose
  * GET fails on it the same way) and stays untouched.

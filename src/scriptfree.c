@@ -207,6 +207,8 @@ rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 			}
 			return k;
 		case RL_OP_DEQUEUE:
+		case RL_OP_SEM_STATUS:
+		case RL_OP_SEM_SETUP:
 			break;
 	}
 	elog(ERROR, "no script-free form of lock operation %d", (int) kind);

@@ -661,6 +661,247 @@ REDISSON_TOKEN_LUA
 "end\n"
 "return out\n";
 
+/*
+ * Semaphores, Redisson's RPermitExpirableSemaphore layout
+ * (doc/semaphores.md): the key holds the count of free permits (a decimal
+ * integer), "{key}:timeout" (Redisson's suffix rule) is a sorted set of
+ * the permits taken, each a 16-byte id scored with its expiry in Unix ms
+ * by the clock of the client that took it.  Any client's next script puts
+ * an expired permit back (the count goes up, and "redisson_sc:{key}" is
+ * told the new count, as Redisson's scripts do); nothing in Redis does it
+ * by itself.  RSemaphore takes and gives back from the same count,
+ * without ids.  Our holder's permits are its owner value's 14 bytes (28
+ * hex digits) and a 2-byte index, all with one score, so one owner value
+ * names them all and every script is idempotent for it: a permit is
+ * counted back only when its id was removed, so no script ever makes a
+ * permit that was not taken.  Scripts check the types (and that the count
+ * is an integer) before they write.
+ *
+ * Each script starts with this prelude.  KEYS: count, timeout set.
+ */
+#define RL_SEM_PRELUDE \
+"local function ids(o, k)\n" \
+"  local b = ''\n" \
+"  for i = 1, #o, 2 do b = b .. string.char(tonumber(string.sub(o, i, i + 1), 16)) end\n" \
+"  local t = {}\n" \
+"  for i = 0, k - 1 do t[#t + 1] = b .. string.char(math.floor(i / 256), i % 256) end\n" \
+"  return t\n" \
+"end\n" \
+"local function foreign()\n" \
+"  local t = redis.call('type', KEYS[1])['ok']\n" \
+"  if t ~= 'none' and t ~= 'string' then return t end\n" \
+"  if t == 'string' and (redis.call('strlen', KEYS[1]) > 20 or\n" \
+"      not string.find(redis.call('get', KEYS[1]), '^%-?%d+$')) then\n" \
+"    return 'string'\n" \
+"  end\n" \
+"  local z = redis.call('type', KEYS[2])['ok']\n" \
+"  if z ~= 'none' and z ~= 'zset' then return z end\n" \
+"  return nil\n" \
+"end\n" \
+"local function reclaim(now, pub, ch)\n" \
+"  repeat\n" \
+"    local e = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)\n" \
+"    if #e > 0 then\n" \
+"      redis.call('zrem', KEYS[2], unpack(e))\n" \
+"      local v = redis.call('incrby', KEYS[1], #e)\n" \
+"      if v > 0 then redis.call(pub, ch, v) end\n" \
+"    end\n" \
+"  until #e < 1000\n" \
+"end\n" \
+"local function present(mine)\n" \
+"  for _, id in ipairs(mine) do\n" \
+"    if not redis.call('zscore', KEYS[2], id) then return false end\n" \
+"  end\n" \
+"  return true\n" \
+"end\n"
+
+/*
+ * acquire.  ARGV: owner, permits, now, expiry (now + lease), publish
+ * command, channel.  {1, 0} granted (also when our permits are there
+ * already: a retry), {0, ms to the nearest expiry or -1, 1} busy (a
+ * release publishes), {-1, type} when a key is of another kind.
+ */
+static const char *sem_acquire_lua =
+RL_SEM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"reclaim(ARGV[3], ARGV[5], ARGV[6])\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if redis.call('zscore', KEYS[2], mine[1]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[2], 'XX', ARGV[4], id) end\n"
+"  return {1, 0}\n"
+"end\n"
+"local v = redis.call('get', KEYS[1])\n"
+"if v and tonumber(v) >= #mine then\n"
+"  redis.call('decrby', KEYS[1], #mine)\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[2], ARGV[4], id) end\n"
+"  local ttl = redis.call('pttl', KEYS[1])\n"
+"  if ttl > 0 then redis.call('pexpire', KEYS[2], ttl) end\n"
+"  return {1, 0}\n"
+"end\n"
+"local h = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')\n"
+"if h[1] and h[2] ~= '922337203685477' then\n"
+"  return {0, math.max(tonumber(h[2]) - tonumber(ARGV[3]), 1), 1}\n"
+"end\n"
+"return {0, -1, 1}\n";
+
+/*
+ * release.  ARGV: owner, permits, publish command, channel.  Only our own
+ * ids are removed, and only what was removed is counted back; 1 when all
+ * of them were there, 0 when some were not (lost: another client put
+ * them back once they expired).
+ */
+static const char *sem_release_lua =
+RL_SEM_PRELUDE
+"if foreign() then return 0 end\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"local n = redis.call('zrem', KEYS[2], unpack(mine))\n"
+"if n == 0 then return 0 end\n"
+"redis.call(ARGV[3], ARGV[4], redis.call('incrby', KEYS[1], n))\n"
+"if n < #mine then return 0 end\n"
+"return 1\n";
+
+/*
+ * extend / verify / renew.  ARGV: owner, permits, now, expiry, renew
+ * flag, publish command, channel.  Expired permits go back first (ours
+ * too: then it is lost); 0 when any of ours is gone, else 2 + what was
+ * left of their lease.
+ */
+static const char *sem_extend_lua =
+RL_SEM_PRELUDE
+"if foreign() then return 0 end\n"
+"reclaim(ARGV[3], ARGV[6], ARGV[7])\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if not present(mine) then return 0 end\n"
+"local s = tonumber(redis.call('zscore', KEYS[2], mine[1]))\n"
+"if ARGV[5] ~= '1' or s < tonumber(ARGV[4]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[2], 'XX', ARGV[4], id) end\n"
+"end\n"
+"return math.max(s - tonumber(ARGV[3]), -1) + 2\n";
+
+/*
+ * status, read only.  ARGV: now.  {exists, free, taken}: free counts the
+ * expired permits too (the next script puts them back), taken the others;
+ * {-1, type} for a key of another kind.
+ */
+static const char *sem_status_lua =
+RL_SEM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"local held = redis.call('zcount', KEYS[2], '(' .. ARGV[1], '+inf')\n"
+"local v = redis.call('get', KEYS[1])\n"
+"if not v then return {0, 0, held} end\n"
+"return {1, tonumber(v) + redis.call('zcount', KEYS[2], 0, ARGV[1]), held}\n";
+
+/*
+ * set up: Redisson's trySetPermits.  ARGV: permits, publish command,
+ * channel.  1 when the count was set, 0 when the semaphore had one.
+ */
+static const char *sem_setup_lua =
+RL_SEM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"if redis.call('exists', KEYS[1]) == 1 then return 0 end\n"
+"redis.call('set', KEYS[1], ARGV[1])\n"
+"redis.call(ARGV[2], ARGV[3], ARGV[1])\n"
+"return 1\n";
+
+/*
+ * Semaphores, redis-semaphore's layout (npm, doc/semaphores.md): one
+ * sorted set whose members are the holders' identifiers scored with when
+ * they took or last refreshed their permit, in Unix ms by their own
+ * clock.  A member older than the lease of the client looking is stale
+ * and removed before counting; the limit is each client's to pass, none
+ * is stored; nothing is published.  Our holder's permits are
+ * "<owner>_<index>", as the package's MultiSemaphore names its own.
+ *
+ * Prelude.  KEYS: the set.
+ */
+#define RL_NPM_PRELUDE \
+"local function ids(o, k)\n" \
+"  local t = {}\n" \
+"  for i = 0, k - 1 do t[#t + 1] = o .. '_' .. i end\n" \
+"  return t\n" \
+"end\n" \
+"local function foreign()\n" \
+"  local t = redis.call('type', KEYS[1])['ok']\n" \
+"  if t ~= 'none' and t ~= 'zset' then return t end\n" \
+"  return nil\n" \
+"end\n" \
+"local function present(mine)\n" \
+"  for _, id in ipairs(mine) do\n" \
+"    if not redis.call('zscore', KEYS[1], id) then return false end\n" \
+"  end\n" \
+"  return true\n" \
+"end\n" \
+"local function keep(lease)\n" \
+"  if redis.call('pttl', KEYS[1]) < tonumber(lease) then\n" \
+"    redis.call('pexpire', KEYS[1], lease)\n" \
+"  end\n" \
+"end\n"
+
+/*
+ * acquire.  ARGV: owner, permits, limit, lease, now, now - lease.  As
+ * sem_acquire_lua's replies; busy: until the oldest member goes stale by
+ * our lease, and 0: nobody publishes.
+ */
+static const char *npm_acquire_lua =
+RL_NPM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[6])\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if redis.call('zscore', KEYS[1], mine[1]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[1], 'XX', ARGV[5], id) end\n"
+"  keep(ARGV[4])\n"
+"  return {1, 0}\n"
+"end\n"
+"if redis.call('zcard', KEYS[1]) + #mine <= tonumber(ARGV[3]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[1], ARGV[5], id) end\n"
+"  keep(ARGV[4])\n"
+"  return {1, 0}\n"
+"end\n"
+"local h = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')\n"
+"if not h[1] then return {0, -1, 0} end\n"
+"return {0, math.max(tonumber(h[2]) - tonumber(ARGV[6]), 1), 0}\n";
+
+/* release.  ARGV: owner, permits.  1 when all were there, else 0. */
+static const char *npm_release_lua =
+RL_NPM_PRELUDE
+"if foreign() then return 0 end\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if redis.call('zrem', KEYS[1], unpack(mine)) < #mine then return 0 end\n"
+"return 1\n";
+
+/*
+ * extend / verify / renew.  ARGV: owner, permits, lease, renew flag, now.
+ * A member still there was counted by every script that ran since it was
+ * scored (none removed it), so scoring it now keeps the limit; 0 when any
+ * of ours is gone, else 2 + what was left of the lease by our lease.
+ */
+static const char *npm_extend_lua =
+RL_NPM_PRELUDE
+"if foreign() then return 0 end\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if not present(mine) then return 0 end\n"
+"local s = tonumber(redis.call('zscore', KEYS[1], mine[1]))\n"
+"if ARGV[4] ~= '1' or s < tonumber(ARGV[5]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[1], 'XX', ARGV[5], id) end\n"
+"end\n"
+"keep(ARGV[3])\n"
+"return math.max(s + tonumber(ARGV[3]) - tonumber(ARGV[5]), -1) + 2\n";
+
+/*
+ * status, read only.  ARGV: now - lease.  {exists, -1, taken}: the free
+ * count is the caller's limit less taken.
+ */
+static const char *npm_status_lua =
+RL_NPM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"return {redis.call('exists', KEYS[1]), -1,\n"
+"        redis.call('zcount', KEYS[1], '(' .. ARGV[1], '+inf')}\n";
+
 typedef struct RLScript
 {
 	const char *name;			/* for messages */
@@ -714,6 +955,15 @@ rl_scripts_init(void)
 		[RL_SCRIPT_INSPECT] = {"inspect", inspect_lua},
 		[RL_SCRIPT_SIMPLE_ACQUIRE_MANY] = {"simple acquire many", simple_acquire_many_lua},
 		[RL_SCRIPT_REDISSON_ACQUIRE_MANY] = {"redisson acquire many", redisson_acquire_many_lua},
+		[RL_SCRIPT_SEM_ACQUIRE] = {"redisson semaphore acquire", sem_acquire_lua},
+		[RL_SCRIPT_SEM_RELEASE] = {"redisson semaphore release", sem_release_lua},
+		[RL_SCRIPT_SEM_EXTEND] = {"redisson semaphore extend", sem_extend_lua},
+		[RL_SCRIPT_SEM_STATUS] = {"redisson semaphore status", sem_status_lua},
+		[RL_SCRIPT_SEM_SETUP] = {"redisson semaphore set up", sem_setup_lua},
+		[RL_SCRIPT_NPM_ACQUIRE] = {"redis-semaphore acquire", npm_acquire_lua},
+		[RL_SCRIPT_NPM_RELEASE] = {"redis-semaphore release", npm_release_lua},
+		[RL_SCRIPT_NPM_EXTEND] = {"redis-semaphore extend", npm_extend_lua},
+		[RL_SCRIPT_NPM_STATUS] = {"redis-semaphore status", npm_status_lua},
 	};
 
 	memcpy(scripts, all, sizeof(scripts));
@@ -899,6 +1149,100 @@ rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
 }
 
 /*
+ * Set call up as a semaphore's script for kind (its permits, lease, now):
+ * both layouts pass the owner and the number of permits first.
+ */
+static void
+sem_call(RLCall *call, RLConn *conn, RLOpKind kind, const RLLockNames *n,
+		 int64 lease_ms, bool renew)
+{
+	const char *keys[2] = {n->key, NULL};
+	const char *args[7];
+	const char *now = rl_unix_ms_text();
+	int64		now_ms = strtoi64(now, NULL, 10);
+	const char *lease = rl_ms_text(lease_ms);
+	RLScriptId	id;
+	int			nargs = 2;
+
+	args[0] = n->owner;
+	args[1] = psprintf("%d", n->permits);
+	if (n->protocol == RL_PROTOCOL_SEM_REDISSON)
+	{
+		keys[1] = rl_sem_timeout_key(n);
+		switch (kind)
+		{
+			case RL_OP_ACQUIRE:
+				id = RL_SCRIPT_SEM_ACQUIRE;
+				args[2] = now;
+				args[3] = psprintf(INT64_FORMAT, now_ms + lease_ms);
+				args[4] = rl_publish_cmd();
+				args[5] = n->channel;
+				nargs = 6;
+				break;
+			case RL_OP_RELEASE:
+				id = RL_SCRIPT_SEM_RELEASE;
+				args[2] = rl_publish_cmd();
+				args[3] = n->channel;
+				nargs = 4;
+				break;
+			case RL_OP_SEM_STATUS:
+				id = RL_SCRIPT_SEM_STATUS;
+				args[0] = now;
+				nargs = 1;
+				break;
+			case RL_OP_SEM_SETUP:
+				id = RL_SCRIPT_SEM_SETUP;
+				args[0] = psprintf("%d", n->permits);
+				args[1] = rl_publish_cmd();
+				args[2] = n->channel;
+				nargs = 3;
+				break;
+			default:
+				id = RL_SCRIPT_SEM_EXTEND;
+				args[2] = now;
+				args[3] = psprintf(INT64_FORMAT, now_ms + lease_ms);
+				args[4] = renew ? "1" : "0";
+				args[5] = rl_publish_cmd();
+				args[6] = n->channel;
+				nargs = 7;
+				break;
+		}
+		rl_script_call(call, conn, id, 2, keys, nargs, args);
+		return;
+	}
+	switch (kind)
+	{
+		case RL_OP_ACQUIRE:
+			id = RL_SCRIPT_NPM_ACQUIRE;
+			args[2] = psprintf("%d", n->max_permits);
+			args[3] = lease;
+			args[4] = now;
+			args[5] = psprintf(INT64_FORMAT, now_ms - lease_ms);
+			nargs = 6;
+			break;
+		case RL_OP_RELEASE:
+			id = RL_SCRIPT_NPM_RELEASE;
+			break;
+		case RL_OP_SEM_STATUS:
+			id = RL_SCRIPT_NPM_STATUS;
+			args[0] = psprintf(INT64_FORMAT, now_ms - lease_ms);
+			nargs = 1;
+			break;
+		case RL_OP_SEM_SETUP:
+			elog(ERROR, "redis-semaphore has no stored limit to set");
+			break;
+		default:
+			id = RL_SCRIPT_NPM_EXTEND;
+			args[2] = lease;
+			args[3] = renew ? "1" : "0";
+			args[4] = now;
+			nargs = 5;
+			break;
+	}
+	rl_script_call(call, conn, id, 1, keys, nargs, args);
+}
+
+/*
  * Set call up as the acquire script of n's protocol with this lease; fence
  * asks the script to count a fencing token.
  */
@@ -912,6 +1256,11 @@ script_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 
 	if (by_name)
 		f = "2";
+	if (RL_PROTOCOL_IS_SEM(n->protocol))
+	{
+		sem_call(call, conn, RL_OP_ACQUIRE, n, lease_ms, false);
+		return;
+	}
 	if (n->protocol == RL_PROTOCOL_REDISSON_FAIR)
 	{
 		const char *fkeys[5] = {n->key, n->fence_key, rl_fair_queue_key(n),
@@ -1032,6 +1381,10 @@ script_release(RLCall *call, RLConn *conn, const RLLockNames *n)
 
 	switch (n->protocol)
 	{
+		case RL_PROTOCOL_SEM_REDISSON:
+		case RL_PROTOCOL_SEM_NPM:
+			sem_call(call, conn, RL_OP_RELEASE, n, 0, false);
+			break;
 		case RL_PROTOCOL_SIMPLE:
 			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_RELEASE, 1, keys, 3, args);
 			break;
@@ -1072,6 +1425,10 @@ script_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 
 	switch (n->protocol)
 	{
+		case RL_PROTOCOL_SEM_REDISSON:
+		case RL_PROTOCOL_SEM_NPM:
+			sem_call(call, conn, RL_OP_EXTEND, n, lease_ms, renew);
+			break;
 		case RL_PROTOCOL_SIMPLE:
 			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_EXTEND, 1, keys, 3, args);
 			break;
@@ -1181,6 +1538,10 @@ rl_build_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 			break;
 		case RL_OP_INSPECT:
 			script_inspect(unit, conn, n);
+			break;
+		case RL_OP_SEM_STATUS:
+		case RL_OP_SEM_SETUP:
+			sem_call(unit, conn, kind, n, lease_ms, false);
 			break;
 	}
 }

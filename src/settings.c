@@ -40,6 +40,7 @@ int			rl_wait_timeout_ms = 10000;
 int			rl_connect_timeout_ms = 2000;
 int			rl_command_timeout_ms = 2000;
 int			rl_protocol = RL_PROTOCOL_SIMPLE;
+int			rl_semaphore_protocol = RL_PROTOCOL_SEM_REDISSON;
 int			rl_on_lost = RL_ON_LOST_ERROR;
 bool		rl_scripting = true;
 bool		rl_redisson_token_counter = false;
@@ -81,6 +82,12 @@ static const struct config_enum_entry protocol_options[] = {
 	{NULL, 0, false}
 };
 
+static const struct config_enum_entry semaphore_protocol_options[] = {
+	{"redisson", RL_PROTOCOL_SEM_REDISSON, false},
+	{"redis_semaphore", RL_PROTOCOL_SEM_NPM, false},
+	{NULL, 0, false}
+};
+
 static const struct config_enum_entry on_lost_options[] = {
 	{"warn", RL_ON_LOST_WARN, false},
 	{"error", RL_ON_LOST_ERROR, false},
@@ -103,6 +110,10 @@ rl_protocol_name(RLProtocol p)
 		case RL_PROTOCOL_RW_READ:
 		case RL_PROTOCOL_RW_WRITE:
 			return "redisson_rwlock";
+		case RL_PROTOCOL_SEM_REDISSON:
+			return "redisson_semaphore";
+		case RL_PROTOCOL_SEM_NPM:
+			return "redis_semaphore";
 	}
 	return "simple";
 }
@@ -891,6 +902,15 @@ static const RLSettingDesc rl_setting_descs[] = {
 		.int_var = &rl_protocol,
 		.int_default = RL_PROTOCOL_SIMPLE,
 		.enum_options = protocol_options,
+		.context = PGC_USERSET,
+	},
+	{
+		.kind = RL_SETTING_ENUM,
+		.name = "redis_lock.semaphore_protocol",
+		.short_desc = "Layout of semaphores in Redis: redisson (Redisson's RPermitExpirableSemaphore, shared with RSemaphore) or redis_semaphore (the npm package's sorted set).",
+		.int_var = &rl_semaphore_protocol,
+		.int_default = RL_PROTOCOL_SEM_REDISSON,
+		.enum_options = semaphore_protocol_options,
 		.context = PGC_USERSET,
 	},
 

@@ -28,10 +28,16 @@ typedef enum RLProtocol
 	RL_PROTOCOL_REDISSON,
 	RL_PROTOCOL_REDISSON_FAIR,
 	RL_PROTOCOL_RW_READ,
-	RL_PROTOCOL_RW_WRITE
+	RL_PROTOCOL_RW_WRITE,
+	RL_PROTOCOL_SEM_REDISSON,	/* a semaphore's permits: Redisson's
+								 * RPermitExpirableSemaphore (RSemaphore
+								 * shares its counter and channel) */
+	RL_PROTOCOL_SEM_NPM			/* a semaphore's permits: redis-semaphore's
+								 * (npm) sorted set */
 } RLProtocol;
 
 #define RL_PROTOCOL_IS_RW(p) ((p) == RL_PROTOCOL_RW_READ || (p) == RL_PROTOCOL_RW_WRITE)
+#define RL_PROTOCOL_IS_SEM(p) ((p) == RL_PROTOCOL_SEM_REDISSON || (p) == RL_PROTOCOL_SEM_NPM)
 
 /* What the holder is made to do when the worker finds its lock lost */
 typedef enum RLOnLost
@@ -51,6 +57,7 @@ extern int	rl_wait_timeout_ms;
 extern int	rl_connect_timeout_ms;
 extern int	rl_command_timeout_ms;
 extern int	rl_protocol;
+extern int	rl_semaphore_protocol;
 extern int	rl_on_lost;
 extern bool rl_scripting;
 extern bool rl_redisson_token_counter;

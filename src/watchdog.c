@@ -94,6 +94,7 @@ typedef struct Job
 	int			target;
 	RLProtocol	protocol;
 	bool		script_free;
+	int			permits;		/* a semaphore's */
 	int64		lease_ms;
 	TimestampTz due;			/* renew: last renewal + lease/3, the latest
 								 * moment to send it; release: now */
@@ -604,6 +605,7 @@ build_round_ops(Job *jobs, int n, RLTarget *t)
 		/* the fence counter is not touched by renew or release */
 		rl_names_from_key(&names[k], j->protocol, "", j->key, CurrentMemoryContext);
 		names[k].script_free = j->script_free;
+		names[k].permits = j->permits;
 		strlcpy(names[k].owner, j->owner, sizeof(names[k].owner));
 		/* a release publishes as the session's own would have */
 		if (j->kind == JOB_RELEASE && j->release_prefix[0] != '\0')
@@ -1103,6 +1105,7 @@ add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
 	j->target = s->target;
 	j->protocol = s->st.protocol;
 	j->script_free = s->st.script_free;
+	j->permits = s->st.permits;
 	j->lease_ms = s->st.lease_ms;
 	j->due = due;
 	j->horizon = s->horizon != 0 ? s->horizon :

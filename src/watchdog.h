@@ -24,6 +24,8 @@ typedef struct RLLockState
 	RLProtocol	protocol;
 	bool		script_free;	/* taken without Lua scripts: renewed and
 								 * released without them too */
+	int			permits;		/* a semaphore's: how many its owner value
+								 * names (RLLockNames.permits) */
 	bool		watchdog;
 	bool		lost;
 	uint8		on_lost;		/* RLOnLost, as set when it was taken */
