@@ -443,6 +443,14 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION redis_semaphore_init(text, integer) IS
 'administrative: give a Redisson semaphore its permits if it has none yet (trySetPermits)';
 
--- Whoever sets a semaphore's permits first sets the limit of every
--- application sharing it: for the roles a superuser grants it to.
+-- A semaphore's key is a plain integer (Redisson) or sorted set
+-- (redis-semaphore) that no check can tell from another application's: taking
+-- permits decrements the integer, or drops the set's members older than the
+-- lease, and the status reads the key.  These are granted by a superuser to
+-- the roles whose key prefix holds semaphores (doc/security.md); releasing,
+-- extending and listing act only on the session's own permits.  Whoever sets
+-- a semaphore's permits first sets the limit of every application sharing it.
+REVOKE EXECUTE ON FUNCTION redis_semaphore_acquire(text, integer, interval, interval, boolean, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION redis_semaphore_try_acquire(text, integer, interval, interval, boolean, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION redis_semaphore_status(text, integer, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION redis_semaphore_init(text, integer) FROM PUBLIC;
