@@ -147,7 +147,7 @@ def section(text, title):
 def documented_functions():
     """{name: [argument names of each signature]} from the reference's table."""
     found = {}
-    for m in re.finditer(r"^\| `(redis_lock_\w+)\(([^)]*)\)` \|",
+    for m in re.finditer(r"^\| `(redis_(?:lock_|semaphore)\w*)\(([^)]*)\)` \|",
                          section(read("doc/reference.md"), "Functions"), re.M):
         args = [a.strip().split()[0] for a in m.group(2).split(",") if a.strip()]
         found.setdefault(m.group(1), []).append(args)

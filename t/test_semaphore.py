@@ -293,3 +293,133 @@ def test_a_granted_role_cannot_set_limits_or_give_back_others_permits(pg, sessio
     assert free(rc, "tenantS:shared") == 0 and free(rc, "shared") == 1
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):
         u2.run("SET redis_lock.key_prefix = ''")
+
+
+def test_redis_lock_release_all_gives_permits_back_too(sessions, rc):
+    a = sessions()
+    a.run("SELECT redis_semaphore_init('all', 2)")
+    assert a.run("SELECT redis_semaphore_acquire('all', 2)") is True
+    assert a.run("SELECT redis_lock_acquire('a-lock-too')") > 0
+    assert a.run("SELECT redis_lock_release_all()") == 2
+    assert (free(rc, "all"), taken(rc, "all")) == (2, 0)
+    assert a.run("SELECT count(*) FROM redis_semaphores_held()") == 0
+
+
+def test_a_set_of_permits_counts_as_one_of_the_sessions_locks(sessions, rc):
+    a = sessions()
+    a.run("SET redis_lock.max_locks_per_session = 1")
+    a.run("SELECT redis_semaphore_init('counted', 5)")
+    assert a.run("SELECT redis_semaphore_acquire('counted', 3)") is True
+    with pytest.raises(psycopg2.errors.ConfigurationLimitExceeded):
+        a.run("SELECT redis_lock_acquire('one-more')")
+    assert a.run("SELECT redis_semaphore_release('counted')") is True
+
+
+def test_a_redis_semaphore_wait_polls_and_ends_on_cancel(sessions, rc):
+    a, c, admin = sessions(), sessions(), sessions()
+    for s in (a, c):
+        s.run("SET redis_lock.semaphore_protocol = 'redis_semaphore'")
+    assert a.run("SELECT redis_semaphore_acquire('semaphore:p', max_permits => 1)") is True
+    c.start("SELECT redis_semaphore_acquire('semaphore:p', max_permits => 1, wait => '60s')")
+    wait_for_wait_event(admin.conn, c.pid)
+    released = time.monotonic()
+    assert a.run("SELECT redis_semaphore_release('semaphore:p')") is True
+    c.join()
+    assert c.error is None and c.result is True
+    assert c.finished_at - released < 0.1 * S + testbed.WAKE_BOUND   # a 100 ms poll at most
+    a.start("SELECT redis_semaphore_acquire('semaphore:p', max_permits => 1, wait => '60s')")
+    wait_for_wait_event(admin.conn, a.pid)
+    cancelled = time.monotonic()
+    admin.run("SELECT pg_cancel_backend(%s)", (a.pid,))
+    a.join(5)
+    assert isinstance(a.error, psycopg2.errors.QueryCanceled)
+    assert a.finished_at - cancelled < 1.0 * S
+    assert rc.zcard("semaphore:p") == 1
+
+
+def test_permits_whose_acquire_outcome_was_lost_are_given_back_and_not_reused():
+    """The acquire goes to a frozen Redis and times out (08006): its outcome
+    is unknown.  When Redis thaws it runs the acquire (the permit is
+    taken); the worker must give it back, and the session's next acquire
+    uses ids of its own, so exactly one permit is taken in the end."""
+    r = testbed.Redis().start()
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
+                                "redis_lock.lease_time": "4s",
+                                "redis_lock.command_timeout": "300ms",
+                                "redis_lock.connect_timeout": "300ms"}).init().start()
+    pg.with_extension()
+    rc = r.client()
+    a = None
+    try:
+        a = pg.connect()
+        testbed.sql_one(a, "SELECT redis_semaphore_init('doubt', 3)")
+        rc.config_resetstat()
+        r.pause()
+        with pytest.raises(psycopg2.errors.ConnectionFailure):
+            testbed.sql_one(a, "SELECT redis_semaphore_acquire('doubt')")
+        r.resume()
+        thawed = time.monotonic()
+        # only the acquire script decrements: it ran (the permit was taken)
+        testbed.wait_until(lambda: rc.info("commandstats").get("cmdstat_decrby", {}).get("calls", 0) >= 1,
+                           3 * S, what="the frozen acquire to run")
+        testbed.wait_until(lambda: free(rc, "doubt") == 3 and taken(rc, "doubt") == 0,
+                           3 * S, what="the late grant to be given back")
+        print("late permit back %.0f ms after Redis thawed" % ((time.monotonic() - thawed) * 1000))
+        assert testbed.sql_one(a, "SELECT redis_semaphore_acquire('doubt')") is True
+        ids = testbed.sql_one(a, "SELECT permit_ids FROM redis_semaphores_held()")
+        time.sleep(0.5)                         # a window for a stray release
+        assert (free(rc, "doubt"), taken(rc, "doubt")) == (2, 1)
+        assert rc.zscore("{doubt}:timeout", bytes.fromhex(ids[0])) is not None
+    finally:
+        r.resume()
+        if a is not None:
+            a.close()
+        pg.cleanup()
+        r.stop()
+
+
+def test_on_a_cluster_the_keys_share_a_slot_and_a_broken_hash_tag_is_refused():
+    nodes = [testbed.cluster_node().start() for _ in range(3)]
+    pg = None
+    try:
+        testbed.create_cluster(nodes)
+        pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url,
+                                    "redis_lock.cluster": "on"}).init().start().with_extension()
+        a = pg.connect()
+        for name in ("c-sem", "{tag}sem"):
+            assert testbed.sql_one(a, "SELECT redis_semaphore_init(%s, 1)", (name,)) is True
+            assert testbed.sql_one(a, "SELECT redis_semaphore_acquire(%s)", (name,)) is True
+            owner, _ = testbed.slot_owner(nodes, name)
+            timeout_key = ("{%s}:timeout" % name) if "{" not in name else name + ":timeout"
+            assert owner.client().zcard(timeout_key) == 1
+            assert owner.client().get(name) == b"0"
+            assert testbed.sql_one(a, "SELECT redis_semaphore_release(%s)", (name,)) is True
+        with pytest.raises(psycopg2.errors.FeatureNotSupported):
+            testbed.sql_one(a, "SELECT redis_semaphore_acquire('half{tag')")
+        a.close()
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        for n in nodes:
+            n.stop()
+
+
+def test_several_independent_masters_are_refused():
+    ms = [testbed.Redis().start() for _ in range(3)]
+    pg = None
+    try:
+        pg = testbed.Postgres(conf={"redis_lock.nodes": ",".join(m.url for m in ms)}
+                              ).init().start().with_extension()
+        a = pg.connect()
+        for q in ("SELECT redis_semaphore_acquire('rl')",
+                  "SELECT redis_semaphore_status('rl')",
+                  "SELECT redis_semaphore_init('rl', 1)"):
+            with pytest.raises(psycopg2.errors.FeatureNotSupported):
+                testbed.sql_one(a, q)
+        assert all(m.client().dbsize() == 0 for m in ms)
+        a.close()
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        for m in ms:
+            m.stop()
