@@ -159,14 +159,23 @@ rl_fair_timeout_key(const RLLockNames *n)
 	return rl_redisson_prefix_name("redisson_lock_timeout", n->key);
 }
 
-/* Now as Unix milliseconds: the clock fair-lock waiters' times are kept in */
-char *
-rl_unix_ms_text(void)
+/*
+ * Now as Unix milliseconds: the clock fair-lock waiters' times and
+ * semaphore permits' expiries are kept in
+ */
+int64
+rl_unix_ms(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	return psprintf(INT64_FORMAT, now / 1000 +
-					(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000);
+	return now / 1000 +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
+char *
+rl_unix_ms_text(void)
+{
+	return psprintf(INT64_FORMAT, rl_unix_ms());
 }
 
 /*

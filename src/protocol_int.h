@@ -29,6 +29,7 @@
 extern void rl_hex_encode(const uint8 *in, int n, char *out);
 extern char *rl_ms_text(int64 ms);
 extern const char *rl_publish_cmd(void);
+extern int64 rl_unix_ms(void);
 extern char *rl_unix_ms_text(void);
 extern char *rl_fair_queue_key(const RLLockNames *n);
 extern char *rl_fair_timeout_key(const RLLockNames *n);

@@ -1158,8 +1158,8 @@ sem_call(RLCall *call, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 {
 	const char *keys[2] = {n->key, NULL};
 	const char *args[7];
-	const char *now = rl_unix_ms_text();
-	int64		now_ms = strtoi64(now, NULL, 10);
+	int64		now_ms = rl_unix_ms();
+	const char *now = psprintf(INT64_FORMAT, now_ms);
 	const char *lease = rl_ms_text(lease_ms);
 	RLScriptId	id;
 	int			nargs = 2;
