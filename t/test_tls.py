@@ -85,6 +85,28 @@ def test_acquire_release_wait_and_wake_up_over_tls(tsessions, tls_redis):
     assert rc.exists("t-job") == 0
 
 
+def test_semaphore_permits_wait_wake_up_and_renew_over_tls(tsessions, tls_redis):
+    a, b, admin = tsessions(), tsessions(), tsessions()
+    rc = tls_redis.client()
+    a.run("SET redis_lock.lease_time = '1500ms'")
+    assert a.run("SELECT redis_semaphore_init('t-sem', 1)") is True
+    assert a.run("SELECT redis_semaphore_acquire('t-sem')") is True
+    b.start("SELECT redis_semaphore_acquire('t-sem', wait => '10s')")
+    wait_for_wait_event(admin.conn, b.pid)
+    # renewed by the worker over TLS past three leases: b still waits
+    first = rc.zrange("{t-sem}:timeout", 0, 0, withscores=True)[0][1]
+    testbed.wait_until(lambda: rc.zrange("{t-sem}:timeout", 0, 0, withscores=True)[0][1]
+                       > first + 3000, 10, what="three renewals")
+    assert b.thread.is_alive()
+    released = time.monotonic()
+    assert a.run("SELECT redis_semaphore_release('t-sem')") is True
+    b.join()
+    assert b.error is None and b.result is True
+    assert b.finished_at - released < testbed.WAKE_BOUND
+    assert b.run("SELECT redis_semaphore_release('t-sem')") is True
+    assert rc.get("t-sem") == b"1" and rc.zcard("{t-sem}:timeout") == 0
+
+
 def test_watchdog_worker_renews_over_tls(tsessions, tls_redis):
     a = tsessions()
     rc = tls_redis.client()
