@@ -141,9 +141,21 @@ is_gone_event(const char *event)
 }
 
 /*
- * Is this push a keyspace notification that the key is gone (deleted,
- * expired, evicted)?  Other events on it (a renewal's "expire", "hset") are
- * not a reason to try again.
+ * Does a keyspace event tell a waiter that room may have come free: the
+ * key is gone, or members of it are (a redis-semaphore holder's ZREM, stale
+ * members removed), which such holders never publish?
+ */
+static bool
+is_room_event(const char *event)
+{
+	return is_gone_event(event) || strcmp(event, "zrem") == 0 ||
+		strcmp(event, "zremrangebyscore") == 0;
+}
+
+/*
+ * Is this push a keyspace notification that room may have come free
+ * (is_room_event)?  Other events on the key (a renewal's "expire", "hset")
+ * are not a reason to try again.
  */
 static bool
 is_key_gone(RLReply *r, const char *kchannel)
@@ -154,7 +166,7 @@ is_key_gone(RLReply *r, const char *kchannel)
 		r->element[2]->type != REDIS_REPLY_STRING)
 		return false;
 	event = r->element[2]->str;
-	return is_gone_event(event);
+	return is_room_event(event);
 }
 
 /*
