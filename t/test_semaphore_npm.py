@@ -85,15 +85,16 @@ def evalsha_calls(rc):
     return rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
 
 
-def wait_until_node_polls(rc, since, attempts=3):
-    """Until a Node waiter has run its acquire script `attempts` times more
-    (it polls with EVALSHA every retryInterval)."""
-    testbed.wait_until(lambda: evalsha_calls(rc) >= since + attempts, 10,
-                       what="the Node waiter to poll")
-
-
 def no_answer_yet(peer):
     return not select.select([peer.proc.stdout], [], [], 0)[0]
+
+
+def wait_until_node_polls(rc, peer, since, attempts=3):
+    """Until a Node waiter has run its acquire script `attempts` times more
+    (it polls with EVALSHA every retryInterval), or has answered (the
+    caller's checks then say whether it should have)."""
+    testbed.wait_until(lambda: evalsha_calls(rc) >= since + attempts or not no_answer_yet(peer),
+                       10, what="the Node waiter to poll")
 
 
 # ------------------------------------------------------------ shared limit
@@ -177,7 +178,7 @@ def test_node_waiter_takes_a_permit_sql_released(sql, node, rc):
         assert a.run("SELECT redis_semaphore_acquire('semaphore:handover', max_permits => 1)")
         calls = evalsha_calls(rc)
         n.send(op="acquire", key="handover", limit=1, acquireTimeout=10000)
-        wait_until_node_polls(rc, calls)
+        wait_until_node_polls(rc, n, calls)
         assert no_answer_yet(n)
         released = time.monotonic()
         assert a.run("SELECT redis_semaphore_release('semaphore:handover')") is True
@@ -243,17 +244,22 @@ def test_sql_waiter_takes_a_permit_node_released(sql, sessions, node, rc):
 def test_node_holder_without_refresh_frees_its_permit_after_its_lock_timeout(sql, node, rc):
     """A Node holder that stops refreshing (refreshInterval 0) keeps its
     permit for exactly its lockTimeout: a SQL waiter on the same lease
-    takes it then, and not before; Node's next refresh learns it lost it."""
+    takes it then, and not before; Node's next refresh learns it lost it.
+    A second Node holder, taken half a lease later, keeps the key from
+    expiring meanwhile: SQL's own sweep of the stale member frees it."""
     lease = 2.0 * testbed.TIME_SCALE
+    lease_ms = int(lease * 1000)
     a, admin = sql(), sql()
     n = node()
-    r = n.acquire("stale", 1, lockTimeout=int(lease * 1000), refreshInterval=0,
-                  acquireAttemptsLimit=1)
+    r = n.acquire("stale", 2, name="old", lockTimeout=lease_ms, acquireAttemptsLimit=1)
     assert r["acquired"]
     # the member's score (Node's Date.now()), on our monotonic clock
     scored_at = on_monotonic(members(rc, "semaphore:stale")[r["identifier"]])
+    time.sleep(max(0.0, scored_at + lease / 2 - time.monotonic()))
+    young = n.acquire("stale", 2, name="young", lockTimeout=lease_ms, acquireAttemptsLimit=1)
+    assert young["acquired"]
     a.start("SELECT redis_semaphore_acquire('semaphore:stale', ttl => %s, wait => '30s', "
-            "max_permits => 1)", ("%d ms" % int(lease * 1000),))
+            "max_permits => 2)", ("%d ms" % lease_ms,))
     wait_for_wait_event(admin.conn, a.pid)
     # 300 ms before the lease ends it still waits
     time.sleep(max(0.0, scored_at + lease - 0.3 - time.monotonic()))
@@ -265,29 +271,37 @@ def test_node_holder_without_refresh_frees_its_permit_after_its_lock_timeout(sql
     assert a.finished_at - scored_at < lease + testbed.WAKE_BOUND, a.finished_at - scored_at
     report_latency(CLIENT, "Node holder's lockTimeout end -> SQL waiter",
                    a.finished_at - scored_at - lease)
-    assert n.op("refresh", "stale")["refreshed"] is False
-    assert set(members(rc, "semaphore:stale")) == sql_members(a, "semaphore:stale")
+    assert set(members(rc, "semaphore:stale")) == \
+        sql_members(a, "semaphore:stale") | {young["identifier"]}
+    assert n.op("refresh", "old")["refreshed"] is False
+    assert n.op("refresh", "young")["refreshed"] is True
 
 
 def test_sql_holder_with_a_ttl_frees_its_permit_for_node_after_the_lease(sql, node, rc):
     """ttl => '1s': no watchdog; Node (lockTimeout 1 s) takes the permit
-    when that second is up, and not before."""
+    when that second is up, and not before.  A Node holder taken half a
+    second later keeps the key from expiring: Node's sweep, reading the
+    score SQL wrote, frees it."""
     a = sql()
     n = node()
-    assert a.run("SELECT redis_semaphore_acquire('semaphore:ttl1', ttl => '1s', max_permits => 1)")
+    assert a.run("SELECT redis_semaphore_acquire('semaphore:ttl1', ttl => '1s', max_permits => 2)")
     assert a.run("SELECT watchdog FROM redis_semaphores_held()") is False
     (mine,) = sql_members(a, "semaphore:ttl1")
     scored_at = on_monotonic(members(rc, "semaphore:ttl1")[mine])
+    time.sleep(max(0.0, scored_at + 0.5 - time.monotonic()))
+    young = n.acquire("ttl1", 2, name="young", lockTimeout=1000, acquireAttemptsLimit=1)
+    assert young["acquired"]
     calls = evalsha_calls(rc)
-    n.send(op="acquire", key="ttl1", limit=1, lockTimeout=1000, acquireTimeout=10000)
-    wait_until_node_polls(rc, calls)
+    n.send(op="acquire", key="ttl1", name="waiter", limit=2, lockTimeout=1000,
+           acquireTimeout=10000)
+    wait_until_node_polls(rc, n, calls)
     r, got = n.receive()
     assert r["ok"] and r["acquired"], r
     # not before the member's score + 1 s (1 ms: clock rounding)
     assert got - scored_at >= 1.0 - 0.001, got - scored_at
     assert got - scored_at < 1.0 + testbed.WAKE_BOUND, got - scored_at
     report_latency(CLIENT, "SQL ttl end -> Node waiter", got - scored_at - 1.0)
-    assert set(members(rc, "semaphore:ttl1")) == {r["identifier"]}
+    assert set(members(rc, "semaphore:ttl1")) == {young["identifier"], r["identifier"]}
 
 
 def test_sql_watchdog_renews_so_node_cannot_take_the_permit(sql, node, rc):
@@ -317,7 +331,7 @@ def test_terminated_sql_backend_gives_its_permit_back_to_a_node_waiter(sql, sess
     assert a.run("SELECT redis_semaphore_acquire('semaphore:exit', max_permits => 1)")
     calls = evalsha_calls(rc)
     n.send(op="acquire", key="exit", limit=1, acquireTimeout=10000)
-    wait_until_node_polls(rc, calls)
+    wait_until_node_polls(rc, n, calls)
     assert no_answer_yet(n)
     killed = time.monotonic()
     assert admin.run("SELECT pg_terminate_backend(%s)", (a.pid,)) is True
