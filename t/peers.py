@@ -2,6 +2,8 @@
 
 * RedlockPeer: the real npm `redlock` 4.2.0 (with ioredis) in a node process.
 * RedlockUniversalPeer: the real npm `redlock-universal` 0.8.5 (with ioredis).
+* SemaphorePeer: the real npm `redis-semaphore` 5.8.0 (Semaphore,
+  MultiSemaphore; with ioredis).
 * JavaPeer: the real Redisson (RLock, RFencedLock; latest 3.x and 4.x) and a
   hand-written Jedis SET NX PX lock, in a JVM (t/interop/java, versions
   pinned in its pom.xml), built by scripts/install-deps (or here when missing).
@@ -65,6 +67,31 @@ class RedlockUniversalPeer(RedlockPeer):
     """The real npm redlock-universal 0.8.5 (with ioredis) in a node
     process; one Redis (its createLock), same commands as RedlockPeer."""
     SCRIPT = "redlock_universal_peer.js"
+
+
+class SemaphorePeer(RedlockPeer):
+    """The real npm redis-semaphore 5.8.0 (with ioredis) in a node process,
+    one Redis; commands in t/interop/semaphore_peer.js.  The peer handles one
+    command at a time: a waiting acquire holds up the next command, so a
+    test wanting a holder and a waiter on the Node side starts two peers."""
+    SCRIPT = "semaphore_peer.js"
+
+    def __init__(self, port):
+        super().__init__([port])
+
+    def acquire(self, key, limit, timeout=30, **opts):
+        """tryAcquire; the answer (acquired, identifier).  Raises on an
+        error answer."""
+        r = self.call(timeout=timeout, op="acquire", key=key, limit=limit, **opts)
+        if not r["ok"]:
+            raise RuntimeError(r["error"])
+        return r
+
+    def op(self, op, name, timeout=15):
+        r = self.call(timeout=timeout, op=op, name=name)
+        if not r["ok"]:
+            raise RuntimeError(r["error"])
+        return r
 
 
 GO_DIR = os.path.join(INTEROP_DIR, "go")
