@@ -19,6 +19,8 @@
  *
  * stdin:  ID TAB THREAD TAB OP [TAB ARG]...
  * stdout: ID TAB ok|err TAB VALUE TAB EPOCH_MICROS   (time the op finished)
+ * (an err's VALUE: the exception's class and message, then " <- " and each
+ * cause's)
  *
  * Ops: hello; lock KEY [LEASE_MS]; trylock KEY WAIT_MS LEASE_MS (-1: the
  * watchdog); unlock KEY; forceunlock KEY; held KEY; count KEY; fenced KEY;
@@ -44,6 +46,18 @@
  * unlock() when LEASE_MS is -1 (the watchdog's lease), else tryLock(0,
  * LEASE_MS ms) and unlock(); it answers "ACQUIRE_US RELEASE_US", the median
  * time of each call in microseconds (System.nanoTime around the call alone).
+ * Semaphores with leased permits (RPermitExpirableSemaphore): semset KEY
+ * PERMITS (trySetPermits); semacquire KEY PERMITS WAIT_MS LEASE_MS
+ * (tryAcquire; LEASE_MS -1: no lease), answering the permit ids joined by
+ * "," or null; semrelease KEY IDS (the ids joined by ",": release(String)
+ * for one, release(List) for several); semavail KEY (availablePermits);
+ * semlease KEY ID LEASE_MS (updateLeaseTime).  Semaphores of bare counts
+ * (RSemaphore): rsemset KEY PERMITS (trySetPermits); rsemacquire KEY
+ * PERMITS WAIT_MS (tryAcquire); rsemrelease KEY PERMITS (release);
+ * rsemavail KEY (availablePermits).  Stress (t/test_semaphore_redisson.py):
+ * semloop KEY MS HOLD_MS LEASE_MS loops tryAcquire(100 ms wait, LEASE_MS
+ * lease), a hold of HOLD_MS and release(id) for MS on the calling thread
+ * and answers the number of permits it took.
  */
 package peer;
 
@@ -65,7 +79,9 @@ import java.util.concurrent.TimeUnit;
 
 import org.redisson.Redisson;
 import org.redisson.api.RLock;
+import org.redisson.api.RPermitExpirableSemaphore;
 import org.redisson.api.RReadWriteLock;
+import org.redisson.api.RSemaphore;
 import org.redisson.api.RedissonClient;
 import org.redisson.config.Config;
 
@@ -148,7 +164,11 @@ public final class Peer {
         try {
             answer(id, true, String.valueOf(execute(f)));
         } catch (Throwable e) {
-            answer(id, false, e.getClass().getSimpleName() + ": " + e.getMessage());
+            /* and the causes: Redisson wraps some (a semaphore's release) */
+            StringBuilder text = new StringBuilder(e.getClass().getSimpleName() + ": " + e.getMessage());
+            for (Throwable c = e.getCause(); c != null && c != c.getCause(); c = c.getCause())
+                text.append(" <- ").append(c.getClass().getSimpleName()).append(": ").append(c.getMessage());
+            answer(id, false, text.toString());
         }
     }
 
@@ -257,6 +277,40 @@ public final class Peer {
             case "cycles":
                 return cycles(clients.get(f.length > 6 ? Integer.parseInt(f[6]) : 0), key,
                               Integer.parseInt(f[4]), Long.parseLong(f[5]));
+            case "semset":
+                return redisson.getPermitExpirableSemaphore(key).trySetPermits(Integer.parseInt(f[4]));
+            case "semacquire": {
+                List<String> ids = redisson.getPermitExpirableSemaphore(key).tryAcquire(
+                    Integer.parseInt(f[4]), Long.parseLong(f[5]), Long.parseLong(f[6]),
+                    TimeUnit.MILLISECONDS);
+                return ids == null || ids.isEmpty() ? null : String.join(",", ids);
+            }
+            case "semrelease": {
+                /* one id: release(String), several: release(List) */
+                List<String> ids = Arrays.asList(f[4].split(","));
+                if (ids.size() == 1)
+                    redisson.getPermitExpirableSemaphore(key).release(ids.get(0));
+                else
+                    redisson.getPermitExpirableSemaphore(key).release(ids);
+                return true;
+            }
+            case "semavail":
+                return redisson.getPermitExpirableSemaphore(key).availablePermits();
+            case "semlease":
+                return redisson.getPermitExpirableSemaphore(key).updateLeaseTime(
+                    f[4], Long.parseLong(f[5]), TimeUnit.MILLISECONDS);
+            case "rsemset":
+                return redisson.getSemaphore(key).trySetPermits(Integer.parseInt(f[4]));
+            case "rsemacquire":
+                return redisson.getSemaphore(key).tryAcquire(Integer.parseInt(f[4]),
+                    Long.parseLong(f[5]), TimeUnit.MILLISECONDS);
+            case "rsemrelease":
+                redisson.getSemaphore(key).release(Integer.parseInt(f[4]));
+                return true;
+            case "rsemavail":
+                return redisson.getSemaphore(key).availablePermits();
+            case "semloop":
+                return semLoop(key, Long.parseLong(f[4]), Long.parseLong(f[5]), Long.parseLong(f[6]));
             case "rwforceunlock":
                 return rwLock(f[3], f[4]).forceUnlock();
             case "rwheld":
@@ -311,6 +365,25 @@ public final class Peer {
             release[i] = t2 - t1;
         }
         return median(acquire) + " " + median(release);
+    }
+
+    /*
+     * For ms: take one permit (waiting up to 100 ms, with a lease of
+     * leaseMs), hold it holdMs, give it back; the number of permits taken
+     */
+    private long semLoop(String key, long ms, long holdMs, long leaseMs) throws InterruptedException {
+        RPermitExpirableSemaphore sem = redisson.getPermitExpirableSemaphore(key);
+        long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ms);
+        long taken = 0;
+        while (System.nanoTime() < end) {
+            String id = sem.tryAcquire(100, leaseMs, TimeUnit.MILLISECONDS);
+            if (id == null)
+                continue;
+            taken++;
+            Thread.sleep(holdMs);
+            sem.release(id);
+        }
+        return taken;
     }
 
     private static double median(long[] ns) {
