@@ -613,8 +613,8 @@ not_granted(RLHeld *e, AcqOutcome outcome, RLLockOp *op)
  * majority rule), and on a Cluster the names whose companion keys would
  * fall in other hash slots.
  */
-static void
-refuse_unsupported_layout(RLLockMode mode, const char *name)
+void
+rl_refuse_unsupported_layout(RLLockMode mode, const char *name)
 {
 	RLProtocol	protocol = rl_lt_mode_protocol(mode);
 	RLTopologyKind kind = rl_current_target()->kind;
@@ -664,7 +664,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 
 	*obtained = false;
 	rl_safe_point();
-	refuse_unsupported_layout(mode, name);
+	rl_refuse_unsupported_layout(mode, name);
 
 	e = rl_lt_entry_find(mode, name);
 
@@ -812,7 +812,7 @@ rl_many_check_deadlock(TimestampTz now)
 void
 rl_many_check_layout(const char *name)
 {
-	refuse_unsupported_layout(RL_MODE_EXCLUSIVE, name);
+	rl_refuse_unsupported_layout(RL_MODE_EXCLUSIVE, name);
 }
 
 /*

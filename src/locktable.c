@@ -666,6 +666,14 @@ rl_lt_report_call(int elevel, RLLockAction action, const char *name, RLCall *cal
 void
 rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type)
 {
+	/* a semaphore's scripts say which of its keys, and what it holds */
+	if (RL_PROTOCOL_IS_SEM(n->protocol))
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("Redis semaphore \"%s\" has a key of another kind", name),
+				 errdetail("Key %s, not a semaphore of layout \"%s\"; nothing was changed.",
+						   type, rl_protocol_name(n->protocol)),
+				 errhint("Check redis_lock.semaphore_protocol and redis_lock.key_prefix, or use another semaphore name.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 			 errmsg("Redis key \"%s\" holds a %s, not a lock of protocol \"%s\"",

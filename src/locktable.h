@@ -81,6 +81,7 @@ typedef struct RLHeld
 
 extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
 						int64 wait_ms, RLScope scope, bool *obtained);
+extern void rl_refuse_unsupported_layout(RLLockMode mode, const char *name);
 extern bool rl_acquire_permits(const char *name, int permits, int max_permits,
 							   int64 ttl_ms, int64 wait_ms, RLScope scope);
 extern bool rl_release(RLLockMode mode, const char *name);

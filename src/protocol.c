@@ -348,9 +348,22 @@ rl_reserved_mark(const char *prefix, const char *name)
 	/* every mark has a ':', most names do not */
 	if (strchr(key, ':') != NULL)
 	{
+		size_t		len = strlen(key);
+
 		for (size_t i = 0; i < lengthof(reserved_marks) && found == NULL; i++)
 			if (strstr(key, reserved_marks[i]) != NULL)
 				found = reserved_marks[i];
+
+		/*
+		 * A Redisson semaphore's set of permits taken, "{K}:timeout" (or
+		 * "K:timeout" when K has a "{"): it exists only while permits are
+		 * taken, and a lock there would refuse the semaphore to everyone
+		 * (SQL and Redisson) for as long as it is held.  Matched by its
+		 * shape, a "{" and the ":timeout" end, not by a substring.
+		 */
+		if (found == NULL && strchr(key, '{') != NULL && len >= 8 &&
+			strcmp(key + len - 8, ":timeout") == 0)
+			found = "{...}:timeout";
 	}
 	pfree(key);
 	return found;

@@ -634,6 +634,20 @@ rl_sem_reply(RLCall *unit, char **type)
 	return r;
 }
 
+/* Is s an optional "-" and one or more decimal digits? */
+static bool
+is_decimal_integer(const char *s)
+{
+	if (*s == '-')
+		s++;
+	if (*s == '\0')
+		return false;
+	for (; *s; s++)
+		if (*s < '0' || *s > '9')
+			return false;
+	return true;
+}
+
 /*
  * A script-free release, extend, renew or force-delete: its compare said
  * yes or no.  A key of another type is not ours (as in the scripts, whose
@@ -660,6 +674,12 @@ free_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
 		}
 		if (x->element[1]->type != REDIS_REPLY_STRING)
 			return RL_FLAG_FAILED;
+		/* a decimal integer is a counter, no lock's value (force_lua) */
+		if (is_decimal_integer(x->element[1]->str))
+		{
+			*text = "counter";
+			return RL_FLAG_WRONGTYPE;
+		}
 		*text = x->element[1]->str;
 		return RL_FLAG_SEEN;
 	}

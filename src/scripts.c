@@ -328,7 +328,10 @@ static const char *redisson_extend_lua =
  * Force release, every layout.  KEYS: lock.  ARGV: publish command,
  * expected type, channel, read-write lock channel, fair queue ("": none),
  * fair timeout set, now (Unix ms).  A key of another type is never
- * deleted.  A read-write lock (a hash with a "mode" field) is deleted
+ * deleted, nor a string that is a decimal integer: a counter, such as a
+ * Redisson semaphore's count of free permits, which no lock's owner value
+ * is (deleting it would let the semaphore be set up again beside the
+ * permits still held).  A read-write lock (a hash with a "mode" field) is deleted
  * whatever the protocol, and its waiters are all woken ("1", as Redisson's
  * forceUnlock of a write lock does, then "0": see rw_write_release_lua).  Under redisson_fair the queue's heads
  * whose time has passed leave it first, as in Redisson's forceUnlock, and
@@ -344,6 +347,10 @@ static const char *force_lua =
 "  return 1\n"
 "end\n"
 "if t ~= ARGV[2] then return {-1, t} end\n"
+"if t == 'string' and redis.call('strlen', KEYS[1]) <= 20 and\n"
+"    string.find(redis.call('get', KEYS[1]), '^%-?%d+$') then\n"
+"  return {-1, 'counter'}\n"
+"end\n"
 "redis.call('del', KEYS[1])\n"
 "if ARGV[5] == '' then\n"
 "  redis.call(ARGV[1], ARGV[3], '0')\n"
@@ -689,24 +696,22 @@ REDISSON_TOKEN_LUA
 "end\n" \
 "local function foreign()\n" \
 "  local t = redis.call('type', KEYS[1])['ok']\n" \
-"  if t ~= 'none' and t ~= 'string' then return t end\n" \
-"  if t == 'string' and (redis.call('strlen', KEYS[1]) > 20 or\n" \
+"  if t ~= 'none' and t ~= 'string' then return KEYS[1] .. ' holds a ' .. t end\n" \
+"  if t == 'string' and (redis.call('strlen', KEYS[1]) > 18 or\n" \
 "      not string.find(redis.call('get', KEYS[1]), '^%-?%d+$')) then\n" \
-"    return 'string'\n" \
+"    return KEYS[1] .. ' holds a string that is not a count'\n" \
 "  end\n" \
 "  local z = redis.call('type', KEYS[2])['ok']\n" \
-"  if z ~= 'none' and z ~= 'zset' then return z end\n" \
+"  if z ~= 'none' and z ~= 'zset' then return KEYS[2] .. ' holds a ' .. z end\n" \
 "  return nil\n" \
 "end\n" \
 "local function reclaim(now, pub, ch)\n" \
-"  repeat\n" \
-"    local e = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)\n" \
-"    if #e > 0 then\n" \
-"      redis.call('zrem', KEYS[2], unpack(e))\n" \
-"      local v = redis.call('incrby', KEYS[1], #e)\n" \
-"      if v > 0 then redis.call(pub, ch, v) end\n" \
-"    end\n" \
-"  until #e < 1000\n" \
+"  local e = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)\n" \
+"  if #e > 0 then\n" \
+"    redis.call('zrem', KEYS[2], unpack(e))\n" \
+"    local v = redis.call('incrby', KEYS[1], #e)\n" \
+"    if v > 0 then redis.call(pub, ch, v) end\n" \
+"  end\n" \
 "end\n" \
 "local function present(mine)\n" \
 "  for _, id in ipairs(mine) do\n" \
@@ -825,7 +830,7 @@ RL_SEM_PRELUDE
 "end\n" \
 "local function foreign()\n" \
 "  local t = redis.call('type', KEYS[1])['ok']\n" \
-"  if t ~= 'none' and t ~= 'zset' then return t end\n" \
+"  if t ~= 'none' and t ~= 'zset' then return KEYS[1] .. ' holds a ' .. t end\n" \
 "  return nil\n" \
 "end\n" \
 "local function present(mine)\n" \

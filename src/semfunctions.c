@@ -246,8 +246,9 @@ redis_semaphores_held(PG_FUNCTION_ARGS)
 
 /*
  * Names and target of a semaphore: those of the entry of this session's
- * permits of it, else from the settings.  Refuses several independent
- * masters, where a semaphore has no majority rule.
+ * permits of it, else from the settings.  Refuses what an acquire refuses
+ * there: several independent masters, where a semaphore has no majority
+ * rule, and on a Cluster a name whose keys would fall in other slots.
  */
 static RLTarget *
 semaphore_names_for(const char *name, RLHeld **e, RLLockNames *names)
@@ -260,13 +261,9 @@ semaphore_names_for(const char *name, RLHeld **e, RLLockNames *names)
 		*names = (*e)->names;
 		return (*e)->target;
 	}
+	/* as an acquire would: not on Redlock, no broken hash tag on a Cluster */
+	rl_refuse_unsupported_layout(RL_MODE_PERMIT, name);
 	target = rl_current_target();
-	if (target->kind == RL_TOPO_REDLOCK)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("Redis semaphores are not supported on several independent masters"),
-				 errdetail("Semaphore \"%s\" would be on them, and redis_lock.nodes is set.", name),
-				 errhint("Use one Redis, Sentinel or Cluster.")));
 	memset(names, 0, sizeof(*names));
 	rl_names_build(names, (RLProtocol) rl_semaphore_protocol, rl_key_prefix,
 				   name, CurrentMemoryContext);
