@@ -431,3 +431,45 @@ def test_locks_and_permits_of_one_name_stay_apart(frozen_bed):
     assert a.run("SELECT redis_lock_release_all()") == 2
     assert (free(b.rc, "same"), taken(b.rc, "same")) == (2, 0)
     assert b.rc.exists("L:same") == 0
+
+
+def test_a_foreign_timeout_set_is_named_in_the_refusal(frozen_bed):
+    """The count is a good integer and "{name}:timeout" is of another kind:
+    the 42809 must name the key that is foreign, not the count."""
+    b = frozen_bed
+    a = b.session()
+    b.rc.set("wk", 3)
+    b.rc.set("{wk}:timeout", "x")
+    with pytest.raises(psycopg2.errors.WrongObjectType) as e:
+        a.run("SELECT redis_semaphore_acquire('wk', wait => '0')")
+    print(e.value)
+    assert "{wk}:timeout" in str(e.value)
+
+
+def test_on_a_cluster_status_and_init_refuse_a_broken_hash_tag_as_acquire_does():
+    """acquire refuses 'half{tag' on a Cluster with 0A000 before sending;
+    status and init send a script naming keys of two slots (CROSSSLOT)."""
+    nodes = [testbed.cluster_node().start() for _ in range(3)]
+    pg = None
+    try:
+        testbed.create_cluster(nodes)
+        pg = testbed.Postgres(conf={"redis_lock.url": nodes[0].url,
+                                    "redis_lock.cluster": "on"}).init().start().with_extension()
+        a = pg.connect()
+        codes = {}
+        for q in ("SELECT redis_semaphore_acquire('half{tag')",
+                  "SELECT redis_semaphore_status('half{tag')",
+                  "SELECT redis_semaphore_init('half{tag', 1)"):
+            try:
+                testbed.sql_one(a, q)
+                codes[q] = None
+            except psycopg2.Error as e:
+                codes[q] = (e.pgcode, str(e).splitlines()[0])
+        print(codes)
+        assert all(c is not None and c[0] == "0A000" for c in codes.values()), codes
+        a.close()
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        for n in nodes:
+            n.stop()
