@@ -1,6 +1,9 @@
-"""An adversarial review of the semaphores (issue 36).  Each test states
-the property it checks; one that fails shows a defect (the report on
-branch semreview names them).  Waits are polled, bounded and scaled."""
+"""Edges of the semaphores (issue 36), from an adversarial review: each
+test states the property it checks.  Four of them failed on the first
+version and pass since its fixes: force release deleting a Redisson count,
+a lock squatting the "{...}:timeout" set, the refusal naming the wrong key,
+status and init on a broken Cluster hash tag.  Waits are polled, bounded
+and scaled."""
 import os
 import signal
 import time
