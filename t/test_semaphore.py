@@ -423,3 +423,20 @@ def test_several_independent_masters_are_refused():
             pg.cleanup()
         for m in ms:
             m.stop()
+
+
+def test_an_uncontended_acquire_and_release_are_one_round_trip_each(sessions, rc):
+    a = sessions()
+    a.run("SELECT redis_semaphore_init('rt', 5)")
+    assert a.run("SELECT redis_semaphore_acquire('rt', 2)") is True      # scripts loaded
+    assert a.run("SELECT redis_semaphore_release('rt')") is True
+    rc.config_resetstat()
+    assert a.run("SELECT redis_semaphore_acquire('rt', 2)") is True
+    assert a.run("SELECT redis_semaphore_release('rt')") is True
+    stats = rc.info("commandstats")
+    sent = {k[len("cmdstat_"):]: v["calls"] for k, v in stats.items()
+            if k not in ("cmdstat_info", "cmdstat_config|resetstat", "cmdstat_config")}
+    # one EVALSHA each; the commands the scripts run are counted by name too
+    assert sent.pop("evalsha") == 2, sent
+    assert set(sent) <= {"type", "strlen", "get", "zrangebyscore", "zscore", "decrby",
+                         "zadd", "pttl", "zrem", "incrby", "publish"}, sent
