@@ -151,7 +151,7 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 	TimestampTz lost_at;
 	MemoryContext old;
 	long		ms;
-
+	bool		permits = false;
 	const char *name;
 
 	if (edata->elevel < ERROR)
@@ -172,6 +172,7 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 	{
 		mark_reported(e);
 		name = e->name;
+		permits = e->mode == RL_MODE_PERMIT;
 	}
 	else if (dropped_loss.set &&
 			 dropped_loss.statement == GetCurrentStatementStartTimestamp())
@@ -187,7 +188,9 @@ rl_lost_rewrite_cancel(ErrorData *edata)
 	ms = (long) ((GetCurrentTimestamp() - lost_at) / 1000);
 	old = MemoryContextSwitchTo(ErrorContext);
 	edata->sqlerrcode = ERRCODE_T_R_SERIALIZATION_FAILURE;
-	edata->message = psprintf("Redis lock \"%s\" was lost", name);
+	edata->message = permits ?
+		psprintf("permits of Redis semaphore \"%s\" were lost", name) :
+		psprintf("Redis lock \"%s\" was lost", name);
 	edata->detail = psprintf("%s The statement was cancelled %ld ms after the watchdog found it lost.",
 							 cause_text(cause), Max(ms, 0));
 	edata->hint = pstrdup("The work the lock protected is no longer protected: retry it once the lock is taken again, or set redis_lock.on_lost to warn to be only warned.");
@@ -227,6 +230,8 @@ raise_loss(RLHeld *e, uint8 cause, const char *when)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 e->mode == RL_MODE_PERMIT ?
+			 errmsg("permits of Redis semaphore \"%s\" were lost", e->name) :
 			 errmsg("Redis lock \"%s\" was lost", e->name),
 			 errdetail("%s It was found lost %s.", cause_text(cause), when),
 			 errhint("The work the lock protected is no longer protected: retry it once the lock is taken again.")));

@@ -696,6 +696,8 @@ rl_lt_warn_lost(RLHeld *e)
 	e->lost_reported_at = rl_lt_call_seq;
 	ereport(WARNING,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 e->mode == RL_MODE_PERMIT ?
+			 errmsg("permits of Redis semaphore \"%s\" were lost", e->name) :
 			 errmsg("Redis lock \"%s\" was lost", e->name),
 			 errdetail("Its lease expired or another client deleted or took over key \"%s\".",
 					   e->names.key)));

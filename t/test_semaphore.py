@@ -135,7 +135,7 @@ def test_a_lease_given_runs_out_and_frees_the_permit_no_sooner(sessions, rc):
     assert 1.4 <= b.finished_at - taken_at < 1.5 + testbed.WAKE_BOUND
     a.conn.notices.clear()
     assert a.run("SELECT redis_semaphore_release('lease')") is False
-    assert any("was lost" in n for n in a.conn.notices)
+    assert any("permits of Redis semaphore \"lease\" were lost" in n for n in a.conn.notices)
     assert (free(rc, "lease"), taken(rc, "lease")) == (0, 1)     # b's stays
 
 
@@ -167,7 +167,7 @@ def test_a_permit_put_back_by_another_client_stops_its_holders_statement(session
     taken_at = time.monotonic()
     a.join(20)
     assert isinstance(a.error, psycopg2.errors.SerializationFailure), a.error
-    assert "stolen" in str(a.error)
+    assert 'permits of Redis semaphore "stolen" were lost' in str(a.error)
     assert a.finished_at - taken_at < (1.0 + 1.0) * S        # lease/3 and a round
     assert "\"lost\":true" in held_row(a, "stolen")
     assert a.run("SELECT redis_semaphore_release('stolen')") is False
