@@ -116,8 +116,11 @@ def test_a_crashed_waiter_stalls_the_queue_only_until_its_time(env):
     wait_for_wait_event(admin.conn, doomed.pid)
     testbed.wait_until(lambda: rc.llen(QUEUE % "crash") == 1, 5, what="the waiter queued")
     (dead_owner, deadline_ms), = rc.zrange(TIMEOUTS % "crash", 0, -1, withscores=True)
+    ready = pg.ready_count()
     os.kill(doomed.pid, signal.SIGKILL)         # no exit callback runs
     doomed.join()
+    pg.wait_reinitialized(ready)
+
     def back():
         try:
             pg.connect().close()

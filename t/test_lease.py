@@ -227,6 +227,7 @@ def test_no_renewal_survives_a_postgres_crash_restart(env):
     a, victim = session(), session()
     a.run("SET redis_lock.lease_time = '2s'")
     assert a.run("SELECT redis_lock_acquire('crash') > 0")
+    ready = pg.ready_count()
     os.kill(victim.pid, signal.SIGKILL)          # postmaster restarts everything
     crashed = time.monotonic()
     # the key expires within its lease: nothing renews it any more
@@ -234,6 +235,7 @@ def test_no_renewal_survives_a_postgres_crash_restart(env):
     assert time.monotonic() - crashed < 2.5
     time.sleep(0.8)
     assert rc.exists("crash") == 0
+    pg.wait_reinitialized(ready)
     fresh = testbed.wait_until(lambda: _try_connect(pg), 30, 0.2, what="server back")
     assert testbed.sql_one(fresh, "SELECT count(*) FROM redis_lock_locks") == 0
     fresh.close()

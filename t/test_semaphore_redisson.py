@@ -449,9 +449,11 @@ def test_rsemaphore_after_a_sql_holder_crashed(java, pg, sessions, rc):
     assert java.call("t1", "rsemset", name, 1) is True
     assert a.run("SELECT redis_semaphore_acquire(%s, ttl => '1s')", (name,)) is True
     expiry, = expiries(rc, name)
+    ready = pg.ready_count()
     os.kill(a.pid, signal.SIGKILL)              # no exit callback runs
     waiting = java.send("t2", "rsemacquire", name, 1, 30000)
     wait_for_subscriber(rc, name)
+    pg.wait_reinitialized(ready)
     b = testbed.wait_until(lambda: try_session(pg), 30, 0.2, what="PostgreSQL back after the crash")
     admin.close()
     testbed.wait_until(lambda: now_ms() > expiry + 300, 5, what="the SQL lease to run out")

@@ -410,6 +410,18 @@ class Postgres:
         with open(self.log, errors="replace") as f:
             return f.read()
 
+    def ready_count(self):
+        """How often the server said it was ready: its start, each restart
+        after a crashed backend."""
+        return self.log_text().count("database system is ready to accept connections")
+
+    def wait_reinitialized(self, ready_before, timeout=30):
+        """After a backend was killed: wait until the postmaster has
+        reinitialized.  A connection made before it noticed the crash would
+        be ended by that restart (CI13, 2026-11-28)."""
+        wait_until(lambda: self.ready_count() > ready_before, timeout,
+                   what="PostgreSQL reinitialized after a crash")
+
     def cleanup(self):
         self.stop("immediate")
         save_traps(self.log)
