@@ -13,19 +13,11 @@ import psycopg2.errors
 import pytest
 
 from conftest import Session, wait_for_wait_event
+from test_semaphore import free, taken
 import testbed
 from testbed import TIME_SCALE as S
 
 CMD_TIMEOUT_S = 8
-
-
-def free(rc, name):
-    v = rc.get(name)
-    return None if v is None else int(v)
-
-
-def taken(rc, name):
-    return rc.zcard("{%s}:timeout" % name)
 
 
 def redisson_release(rc, name):
