@@ -227,6 +227,12 @@ def path_cancel_at_hand_over(s, fault, env):
                        5, 0.002, what="the waiter's grant to land")
     env.proxy.held = True            # ...and is kept back until the cancel
     env.proxy.delay = 0.0
+    # and is out of Redis: the key is visible before Redis writes the reply,
+    # and a server killed in between (the stopped fault, on a loaded
+    # machine: CI's cold run) takes the reply with it, and the session sees
+    # its connection close before the cancel
+    testbed.wait_until(lambda: env.proxy.undelivered_replies("redis_lock:%d" % s.pid) >= 1,
+                       5, 0.002, what="the grant's reply to reach the proxy")
     try:
         heal = fault(env)
         t0 = time.monotonic()

@@ -13,6 +13,7 @@ import atexit
 import datetime
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -510,7 +511,11 @@ class DelayProxy:
     is false again: a reply that must not arrive before the test has done
     something stays in flight however slow the machine.  reset_clients()
     resets every client connection at once (RST), dropping what Redis sent
-    that the proxy still holds: a reply lost after its command ran."""
+    that the proxy still holds: a reply lost after its command ran.
+    undelivered_replies(name) counts the reply chunks the proxy has read
+    but not passed on, for the connections named `name` (CLIENT SETNAME):
+    a test that kills Redis after a command ran waits for it to be >= 1,
+    or the reply may not have been written yet and dies with the server."""
 
     def __init__(self, target_port, delay_s):
         import asyncio
@@ -522,7 +527,8 @@ class DelayProxy:
         # deliver what a client sent even after it reset the connection (a
         # command still on the network when its sender gave up on it)
         self.deliver_after_reset = False
-        self.conns = []             # [client writer, server writer, reset?]
+        # [client writer, server writer, reset?, {"name", "undelivered"}]
+        self.conns = []
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -548,6 +554,8 @@ class DelayProxy:
                 if conn is not None and conn[2]:
                     return          # reset: what was held is dropped
                 writer.write(data)
+                if replies and conn is not None:
+                    conn[3]["undelivered"] -= 1
                 await writer.drain()
         sender = loop.create_task(deliver())
         try:
@@ -557,6 +565,11 @@ class DelayProxy:
                     break
                 if not replies:
                     self.chunks_in += 1
+                    if conn is not None and conn[3]["name"] is None:
+                        m = re.search(rb"SETNAME\r\n\$\d+\r\n([^\r]*)", data)
+                        conn[3]["name"] = m.group(1).decode() if m else ""
+                elif conn is not None:
+                    conn[3]["undelivered"] += 1
                 queue.put_nowait((loop.time() + self.delay, data))
             queue.put_nowait((0, None))
             await sender
@@ -577,13 +590,16 @@ class DelayProxy:
         except OSError:
             cwriter.close()
             return
-        conn = [cwriter, swriter, False]
+        conn = [cwriter, swriter, False, {"name": None, "undelivered": 0}]
         self.conns.append(conn)
         try:
             await self.asyncio.gather(self._pipe(creader, swriter, conn=conn),
                                       self._pipe(sreader, cwriter, replies=True, conn=conn))
         finally:
             self.conns.remove(conn)
+
+    def undelivered_replies(self, name):
+        return sum(c[3]["undelivered"] for c in list(self.conns) if c[3]["name"] == name)
 
     def reset_clients(self):
         """Reset every client connection now, with an RST: replies the
