@@ -524,6 +524,7 @@ class DelayProxy:
         self.delay = delay_s
         self.held = False
         self.chunks_in = 0          # chunks read from clients, for tests to poll
+        self.last_chunk_at = None   # time.monotonic() when the last one came in
         # deliver what a client sent even after it reset the connection (a
         # command still on the network when its sender gave up on it)
         self.deliver_after_reset = False
@@ -565,6 +566,7 @@ class DelayProxy:
                     break
                 if not replies:
                     self.chunks_in += 1
+                    self.last_chunk_at = time.monotonic()
                     if conn is not None and conn[3]["name"] is None:
                         m = re.search(rb"SETNAME\r\n\$\d+\r\n([^\r]*)", data)
                         conn[3]["name"] = m.group(1).decode() if m else ""
