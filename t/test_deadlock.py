@@ -447,7 +447,12 @@ def test_a_cycle_that_closes_after_the_first_check_is_found(pg, sessions, rc, ta
     assert b.thread.is_alive()
     closed_at = time.monotonic()
     a.start(update(6))
-    wait_for_lock_wait(admin, a.pid)
+    # A's wait closes the cycle, and B's next check may end it before a poll
+    # of pg_stat_activity sees A waiting (CI's cold run, under load): B's
+    # statement ending is as good a sign that A waited
+    testbed.wait_until(lambda: not b.thread.is_alive() or testbed.sql_one(
+        admin.conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+        (a.pid,)), 10, what="A to wait for B's row lock, or B's check to end the cycle")
     b.started_at = closed_at
     assert_deadlock(b, [
         'Process %d waits for Redis lock "dl:late"; blocked by process %d.' % (b.pid, a.pid),
