@@ -228,6 +228,31 @@ def test_arguments_are_checked(sessions):
         a.run("SELECT redis_semaphore_init('x', 3)")
 
 
+def test_a_refused_semaphore_name_is_named_as_semaphore_name(sessions, rc):
+    """Every semaphore function names its parameter, semaphore_name, when it
+    refuses the name (it said lock_name before issue 43)."""
+    a = sessions()
+    calls = ["redis_semaphore_acquire(%s)", "redis_semaphore_try_acquire(%s)",
+             "redis_semaphore_release(%s)", "redis_semaphore_extend(%s)",
+             "redis_semaphore_status(%s)", "redis_semaphore_init(%s, 1)"]
+    names = [(None, psycopg2.errors.NullValueNotAllowed, "semaphore_name must not be null"),
+             ("", psycopg2.errors.InvalidParameterValue, "semaphore_name must not be empty"),
+             ("x" * 513, psycopg2.errors.InvalidParameterValue,
+              "semaphore_name must not be longer than 512 bytes"),
+             ("redis_lock:fence:{x}", psycopg2.errors.InvalidParameterValue,
+              'semaphore_name "redis_lock:fence:{x}" is reserved')]
+    for call in calls:
+        for name, error, message in names:
+            with pytest.raises(error) as e:
+                a.run("SELECT " + call % "%s::text", (name,))
+            assert e.value.diag.message_primary == message, call
+    # the lock functions keep theirs
+    with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+        a.run("SELECT redis_lock_acquire('')")
+    assert e.value.diag.message_primary == "lock_name must not be empty"
+    assert rc.dbsize() == 0
+
+
 def test_without_scripts_semaphores_are_refused(sessions, rc):
     a = sessions()
     a.run("SET redis_lock.scripting = off")
