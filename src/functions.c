@@ -67,12 +67,13 @@ PG_FUNCTION_INFO_V1(redis_lock_release_many);
  * Refuse a lock name whose Redis key (the key prefix applied) would contain
  * a reserved mark (protocol.c): it could take the place of a fence counter,
  * a fair lock's queue or another key locks use beside their own.  element
- * is the name's 1-based place in an array, 0 for a lock_name argument.
+ * is the name's 1-based place in an array, 0 for a name given alone.
  * Every function taking a lock name refuses it, also those that would only
- * find nothing, so such a name behaves the same everywhere.
+ * find nothing, so such a name behaves the same everywhere.  what names the
+ * parameter (lock_name, semaphore_name, lock_names) in the message.
  */
 static void
-refuse_reserved_name(const char *name, int element)
+refuse_reserved_name(const char *name, int element, const char *what)
 {
 	const char *prefix = rl_key_prefix ? rl_key_prefix : "";
 	const char *mark = rl_reserved_mark(prefix, name);
@@ -82,18 +83,22 @@ refuse_reserved_name(const char *name, int element)
 	if (element == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lock_name \"%s\" is reserved", name),
+				 errmsg("%s \"%s\" is reserved", what, name),
 				 errdetail("Its Redis key \"%s%s\" contains \"%s\", which marks the keys that locks use beside their own (fence counters, queues, timeouts).",
 						   prefix, name, mark)));
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("lock_names must not contain a reserved name"),
+			 errmsg("%s must not contain a reserved name", what),
 			 errdetail("Element %d, \"%s\", has the Redis key \"%s%s\", which contains \"%s\": that marks the keys that locks use beside their own (fence counters, queues, timeouts).",
 					   element, name, prefix, name, mark)));
 }
 
-char *
-rl_fn_arg_name(FunctionCallInfo fcinfo, int argno)
+/*
+ * A name argument: not null, not empty, not too long, not reserved.  what
+ * names the parameter in the messages.
+ */
+static char *
+arg_name(FunctionCallInfo fcinfo, int argno, const char *what)
 {
 	text	   *t;
 	int			len;
@@ -102,21 +107,33 @@ rl_fn_arg_name(FunctionCallInfo fcinfo, int argno)
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("lock_name must not be null")));
+				 errmsg("%s must not be null", what)));
 	t = PG_GETARG_TEXT_PP(argno);
 	len = VARSIZE_ANY_EXHDR(t);
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lock_name must not be empty")));
+				 errmsg("%s must not be empty", what)));
 	if (len > RL_MAX_NAME_LEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lock_name must not be longer than %d bytes", RL_MAX_NAME_LEN),
+				 errmsg("%s must not be longer than %d bytes", what, RL_MAX_NAME_LEN),
 				 errdetail("The name given has %d bytes.", len)));
 	name = text_to_cstring(t);
-	refuse_reserved_name(name, 0);
+	refuse_reserved_name(name, 0, what);
 	return name;
+}
+
+char *
+rl_fn_arg_name(FunctionCallInfo fcinfo, int argno)
+{
+	return arg_name(fcinfo, argno, "lock_name");
+}
+
+char *
+rl_fn_arg_semaphore_name(FunctionCallInfo fcinfo, int argno)
+{
+	return arg_name(fcinfo, argno, "semaphore_name");
 }
 
 /* Interval argument in milliseconds; -1 when NULL */
@@ -499,7 +516,7 @@ arg_lock_names(FunctionCallInfo fcinfo, int argno, int *n)
 					 errmsg("lock names must not be longer than %d bytes", RL_MAX_NAME_LEN),
 					 errdetail("Element %d has %d bytes.", i + 1, len)));
 		names[i] = text_to_cstring(t);
-		refuse_reserved_name(names[i], i + 1);
+		refuse_reserved_name(names[i], i + 1, "lock_names");
 	}
 	sorted = palloc(sizeof(char *) * *n);
 	memcpy(sorted, names, sizeof(char *) * *n);

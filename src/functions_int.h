@@ -22,6 +22,7 @@
 #include "utils/tuplestore.h"
 
 extern char *rl_fn_arg_name(FunctionCallInfo fcinfo, int argno);
+extern char *rl_fn_arg_semaphore_name(FunctionCallInfo fcinfo, int argno);
 extern int64 rl_fn_arg_interval_ms(FunctionCallInfo fcinfo, int argno,
 								   const char *what, bool zero_ok);
 extern bool rl_fn_arg_bool(FunctionCallInfo fcinfo, int argno, const char *what);

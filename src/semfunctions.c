@@ -119,7 +119,7 @@ raise_not_obtained(const char *name, int permits, int64 wait_ms)
 static bool
 acquire_permits(FunctionCallInfo fcinfo, int64 default_wait, bool raise)
 {
-	char	   *name = rl_fn_arg_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_semaphore_name(fcinfo, 0);
 	int			permits = arg_permits(fcinfo, 1, 1, RL_MAX_PERMITS);
 	int64		ttl = rl_fn_arg_interval_ms(fcinfo, 2, "ttl", false);
 	int64		wait = rl_fn_arg_interval_ms(fcinfo, 3, "wait", true);
@@ -164,7 +164,7 @@ redis_semaphore_try_acquire(PG_FUNCTION_ARGS)
 Datum
 redis_semaphore_release(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BOOL(rl_release(RL_MODE_PERMIT, rl_fn_arg_name(fcinfo, 0)));
+	PG_RETURN_BOOL(rl_release(RL_MODE_PERMIT, rl_fn_arg_semaphore_name(fcinfo, 0)));
 }
 
 /*
@@ -175,7 +175,7 @@ redis_semaphore_release(PG_FUNCTION_ARGS)
 Datum
 redis_semaphore_extend(PG_FUNCTION_ARGS)
 {
-	char	   *name = rl_fn_arg_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_semaphore_name(fcinfo, 0);
 	int64		ttl = rl_fn_arg_interval_ms(fcinfo, 1, "ttl", false);
 
 	PG_RETURN_BOOL(rl_extend(RL_MODE_PERMIT, name, ttl));
@@ -280,7 +280,7 @@ semaphore_names_for(const char *name, RLHeld **e, RLLockNames *names)
 Datum
 redis_semaphore_status(PG_FUNCTION_ARGS)
 {
-	char	   *name = rl_fn_arg_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_semaphore_name(fcinfo, 0);
 	int64		ttl = rl_fn_arg_interval_ms(fcinfo, 2, "ttl", false);
 	RLHeld	   *e;
 	RLLockNames names;
@@ -336,7 +336,7 @@ redis_semaphore_status(PG_FUNCTION_ARGS)
 Datum
 redis_semaphore_init(PG_FUNCTION_ARGS)
 {
-	char	   *name = rl_fn_arg_name(fcinfo, 0);
+	char	   *name = rl_fn_arg_semaphore_name(fcinfo, 0);
 	int			permits = arg_permits(fcinfo, 1, 0, PG_INT32_MAX);
 	RLHeld	   *e;
 	RLLockNames names;

@@ -8,7 +8,10 @@
   the range each accepts, as pg_settings gives it), its views
   and tables, as an installed extension has them (pg_proc, pg_depend,
   pg_settings), and exactly the SQLSTATEs that src/*.c and the install
-  script raise.
+  script raise.  The columns of every function returning a record or a set
+  of records, and of every view and table, are the list of its row there
+  (its first code span of comma-separated `name type` items), in order,
+  with the types the installed extension has.
 - Every ```sql block of README.md and doc/*.md runs against the test bed (a
   preloaded PostgreSQL with the extension, a Redis), each in a new psql
   session, in a database of its page, blocks of a page in order.  Markers on
@@ -227,6 +230,84 @@ def test_reference_lists_every_function_setting_and_view(pg):
     listed = set(re.findall(r"^\| (view|table|event trigger) `(\w+)` \|",
                             section(ref, "Views and tables"), re.M))
     assert listed == relations
+
+
+COLUMN = r"[a-z_][a-z0-9_]*(?: [a-z][a-z ]*(?:\[\])?)?"
+COLUMN_LIST = re.compile(r"`(%s(?:, %s)+)`" % (COLUMN, COLUMN))
+
+
+def documented_columns():
+    """{function or relation name: [(column, type)]} from the reference: the
+    first code span of a row's description that is a list of columns."""
+    ref = read("doc/reference.md")
+    rows = re.findall(r"^\| `(redis_\w+)\([^)]*\)` \| `(?:SETOF )?record` \| (.*) \|$",
+                      section(ref, "Functions"), re.M)
+    rows += re.findall(r"^\| (?:view|table) `(\w+)` \| (.*) \|$",
+                       section(ref, "Views and tables"), re.M)
+    found = {}
+    for name, text in rows:
+        m = COLUMN_LIST.search(text)
+        assert m, "doc/reference.md: no list of columns for %s" % name
+        found[name] = [tuple(c.split(" ", 1)) for c in m.group(1).split(", ")]
+    return found
+
+
+def installed_columns(cur):
+    """{name: [(column, type)]} of every function of the extension returning
+    a record or a set, and of its views and tables, from the catalog."""
+    cur.execute("""
+        SELECT p.proname, a.n, format_type(a.t, NULL), a.i
+        FROM pg_proc p JOIN pg_depend d
+          ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+        JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'redis_lock'
+        CROSS JOIN LATERAL unnest(p.proargnames, p.proallargtypes, p.proargmodes)
+             WITH ORDINALITY AS a(n, t, m, i)
+        WHERE (p.proretset OR p.prorettype = 'record'::regtype) AND a.m IN ('o', 'b', 't')
+        UNION ALL
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnum
+        FROM pg_class c JOIN pg_depend d
+          ON d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e'
+        JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'redis_lock'
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        WHERE c.relkind IN ('v', 'r')
+        ORDER BY 1, 4""")
+    found = {}
+    for name, column, type_, _ in cur.fetchall():
+        found.setdefault(name, []).append((column, type_))
+    return found
+
+
+def test_a_column_list_is_read_with_its_types():
+    assert COLUMN_LIST.search("rows: `a text, b double precision, c, d text[]` (x)").group(1) \
+        == "a text, b double precision, c, d text[]"
+    assert COLUMN_LIST.search("`redis_lock.wait_timeout` then `x, y`").group(1) == "x, y"
+
+
+def test_reference_lists_every_column_of_records_sets_and_views(pg):
+    documented = documented_columns()
+    c = pg.connect()
+    try:
+        with c.cursor() as cur:
+            installed = installed_columns(cur)
+            # the server reads the reference's type names (timestamptz)
+            for name, columns in documented.items():
+                typed = []
+                for col in columns:
+                    if len(col) == 2:
+                        cur.execute("SELECT format_type(%s::regtype, NULL)", (col[1],))
+                        col = (col[0], cur.fetchone()[0])
+                    typed.append(col)
+                documented[name] = typed
+    finally:
+        c.close()
+    assert len(installed) >= 8
+    assert set(documented) == set(installed)
+    for name, columns in installed.items():
+        listed = documented[name]
+        assert [col[0] for col in listed] == [col[0] for col in columns], name
+        for shown, (column, type_) in zip(listed, columns):
+            if len(shown) == 2:
+                assert shown[1] == type_, (name, column, shown[1], type_)
 
 
 def errcodes_header():

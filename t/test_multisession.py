@@ -212,6 +212,34 @@ def test_try_acquire_does_not_wait(sessions, rc):
     b.run("SELECT redis_lock_release('try')")
 
 
+def commands_of(rc, call):
+    """{command: calls} Redis counted while call() ran (nothing else talks
+    to it: the holder's lock has a fixed ttl, so no worker renews it)."""
+    rc.config_resetstat()
+    call()
+    return {k[len("cmdstat_"):]: v["calls"] for k, v in rc.info("commandstats").items()
+            if k not in ("cmdstat_config|resetstat", "cmdstat_config")}
+
+
+def test_try_acquire_with_wait_null_does_not_wait(sessions, rc):
+    """wait => NULL means no wait (0), not redis_lock.wait_timeout
+    (doc/reference.md): one attempt, the same commands as wait => '0', no
+    subscription, false at once although wait_timeout is a minute."""
+    a, b = sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('try-null', ttl => '5min') > 0")
+    b.run("SET redis_lock.wait_timeout = '60s'")
+    assert b.run("SELECT redis_lock_try_acquire('try-null')") is False   # connected, scripts loaded
+    zero = commands_of(rc, lambda: b.run("SELECT redis_lock_try_acquire('try-null', wait => '0')"))
+    t0 = time.monotonic()
+    null = commands_of(rc, lambda: b.run("SELECT redis_lock_try_acquire('try-null', wait => NULL)"))
+    took = time.monotonic() - t0
+    assert null == zero and null.get("evalsha") == 1, (null, zero)     # one attempt
+    assert not any("subscribe" in k for k in null), null
+    assert took < 10 * S, "waited %.1f s" % took           # not the 60 s wait_timeout
+    assert b.run("SELECT redis_lock_try_acquire('try-null', wait => NULL)") is False
+    assert a.run("SELECT redis_lock_release('try-null')") is True
+
+
 def test_fence_increases_across_sessions(sessions, rc):
     a, b = sessions(), sessions()
     fences = []

@@ -156,7 +156,8 @@ def renewal_gaps(admin, name, seconds):
 @pytest.fixture
 def slow_link(redis_srv):
     """A PostgreSQL of its own reaching Redis through a proxy whose delay
-    a test can raise, with a 2 s lease (renewed every 667 ms)."""
+    a test can raise, with a 2 s lease (due every lease/3 = 667 ms, each
+    renewal sent a little ahead: about 600 ms apart)."""
     proxy = testbed.DelayProxy(redis_srv.port, 0.0).start()
     pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
                                 "redis_lock.lease_time": "2s"}).init().start()

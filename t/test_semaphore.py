@@ -196,6 +196,39 @@ def test_cancel_ends_a_semaphore_wait_and_takes_nothing(sessions, rc):
     assert (free(rc, "busy"), taken(rc, "busy")) == (0, 1)
 
 
+@pytest.mark.parametrize("xact", [False, True], ids=["session", "xact"])
+def test_a_cancel_after_the_grant_leaves_session_permits_held(sessions, rc, xact):
+    """The waiter's grant was read and counted; its statement goes on (into
+    a pg_sleep here) and the cancel lands there.  The statement fails with
+    57014; session-scoped permits stay held, as a lock (and
+    pg_advisory_lock) does, until released; transaction-scoped ones go with
+    the abort (doc/semaphores.md, "Waiting")."""
+    a, c, admin = sessions(), sessions(), sessions()
+    a.run("SELECT redis_semaphore_init('late', 1)")
+    assert a.run("SELECT redis_semaphore_acquire('late')") is True
+    c.start("SELECT redis_semaphore_acquire('late', wait => '60s', xact => %s), pg_sleep(60)",
+            (xact,))
+    wait_for_wait_event(admin.conn, c.pid)
+    assert a.run("SELECT redis_semaphore_release('late')") is True
+    testbed.wait_until(lambda: admin.run("SELECT wait_event FROM pg_stat_activity "
+                                         "WHERE pid = %s", (c.pid,)) == "PgSleep",
+                       10 * S, what="the waiter granted, in its pg_sleep")
+    admin.run("SELECT pg_cancel_backend(%s)", (c.pid,))
+    c.join(5)
+    assert isinstance(c.error, psycopg2.errors.QueryCanceled)
+    if xact:
+        testbed.wait_until(lambda: (free(rc, "late"), taken(rc, "late")) == (1, 0), 5 * S,
+                           what="the transaction's permit back at the abort")
+        assert c.run("SELECT count(*) FROM redis_semaphores_held()") == 0
+        return
+    assert (free(rc, "late"), taken(rc, "late")) == (0, 1)
+    assert c.run("SELECT permits FROM redis_semaphores_held() "
+                 "WHERE semaphore_name = 'late' AND NOT lost") == 1
+    assert a.run("SELECT redis_semaphore_try_acquire('late')") is False
+    assert c.run("SELECT redis_semaphore_release('late')") is True
+    assert (free(rc, "late"), taken(rc, "late")) == (1, 0)
+
+
 def test_a_key_of_another_kind_is_refused_and_left_as_it_is(sessions, rc):
     a = sessions()
     rc.set("a-lock", "redis_lock:0123456789abcdef")
@@ -226,6 +259,31 @@ def test_arguments_are_checked(sessions):
             a.run(q)
     with pytest.raises(psycopg2.errors.FeatureNotSupported):
         a.run("SELECT redis_semaphore_init('x', 3)")
+
+
+def test_a_refused_semaphore_name_is_named_as_semaphore_name(sessions, rc):
+    """Every semaphore function names its parameter, semaphore_name, when it
+    refuses the name (it said lock_name before issue 43)."""
+    a = sessions()
+    calls = ["redis_semaphore_acquire(%s)", "redis_semaphore_try_acquire(%s)",
+             "redis_semaphore_release(%s)", "redis_semaphore_extend(%s)",
+             "redis_semaphore_status(%s)", "redis_semaphore_init(%s, 1)"]
+    names = [(None, psycopg2.errors.NullValueNotAllowed, "semaphore_name must not be null"),
+             ("", psycopg2.errors.InvalidParameterValue, "semaphore_name must not be empty"),
+             ("x" * 513, psycopg2.errors.InvalidParameterValue,
+              "semaphore_name must not be longer than 512 bytes"),
+             ("redis_lock:fence:{x}", psycopg2.errors.InvalidParameterValue,
+              'semaphore_name "redis_lock:fence:{x}" is reserved')]
+    for call in calls:
+        for name, error, message in names:
+            with pytest.raises(error) as e:
+                a.run("SELECT " + call % "%s::text", (name,))
+            assert e.value.diag.message_primary == message, call
+    # the lock functions keep theirs
+    with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+        a.run("SELECT redis_lock_acquire('')")
+    assert e.value.diag.message_primary == "lock_name must not be empty"
+    assert rc.dbsize() == 0
 
 
 def test_without_scripts_semaphores_are_refused(sessions, rc):

@@ -193,17 +193,19 @@ def test_node_waiter_takes_a_permit_sql_released(sql, node, rc):
 
 def sql_waiter_handovers(a, admin, node, key, limit, cycles):
     """Seconds from a Node release to the SQL waiter holding a permit, once a
-    cycle; Node holds all `limit` permits and releases one 300 ms into the
-    wait, when the poll backoff has reached its 100 ms cap."""
+    cycle; Node holds all `limit` permits and releases one once the poll
+    backoff has reached its 100 ms cap: 300 ms into the wait and i/cycles
+    of that 100 ms more in cycle i, so the releases fall at every phase of
+    the poll and the median is what a release at a random moment sees."""
     n = node()
     out = []
-    for _ in range(cycles):
+    for i in range(cycles):
         for h in range(limit):
             assert n.acquire(key, limit, name=str(h), acquireAttemptsLimit=1)["acquired"]
         a.start("SELECT redis_semaphore_acquire(%s, wait => '10s', max_permits => %s)",
                 ("semaphore:" + key, limit))
         wait_for_wait_event(admin.conn, a.pid)
-        time.sleep(0.3)
+        time.sleep(0.3 + 0.1 * i / cycles)
         released = time.monotonic()
         n.op("release", "0")
         a.join()
@@ -221,7 +223,7 @@ def test_sql_waiter_takes_a_permit_node_released(sql, sessions, node, rc):
     notifications, Node's release wakes the waiter at once: the "del" of the
     key when it took the last member, the "zrem" when other holders stay."""
     a, admin = sql(), sessions()
-    off = sql_waiter_handovers(a, admin, node, "handover", 1, 7)
+    off = sql_waiter_handovers(a, admin, node, "handover", 1, 10)
     rc.config_set("notify-keyspace-events", "Kgz")
     try:
         on = sql_waiter_handovers(a, admin, node, "handover", 1, 7)
@@ -229,6 +231,8 @@ def test_sql_waiter_takes_a_permit_node_released(sql, sessions, node, rc):
         part = sql_waiter_handovers(a, admin, node, "handover2", 2, 7)
     finally:
         rc.config_set("notify-keyspace-events", "")
+    print("Node release -> SQL waiter, notifications off, ms:",
+          [round(x * 1000, 1) for x in off])
     p50_off, p50_on, p50_part = (statistics.median(x) for x in (off, on, part))
     report_latency(CLIENT, "Node release -> SQL waiter, keyspace notifications off (p50)", p50_off)
     report_latency(CLIENT, "Node release -> SQL waiter, notifications on, key deleted (p50)", p50_on)

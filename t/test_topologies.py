@@ -118,6 +118,27 @@ def test_redlock_minority_grants_are_given_back(rl_env):
     assert holders(masters, "contested") == [b"other"] * 3 + [None, None]
 
 
+@pytest.mark.parametrize("query,protocol", [
+    ("SELECT redis_lock_acquire_read('rw', wait => '0')", "simple"),
+    ("SELECT redis_lock_try_acquire_read('rw')", "simple"),
+    ("SELECT redis_lock_acquire_write('rw', wait => '0')", "simple"),
+    ("SELECT redis_lock_try_acquire_write('rw')", "simple"),
+    ("SELECT redis_lock_acquire('fair', wait => '0')", "redisson_fair"),
+    ("SELECT redis_lock_try_acquire('fair')", "redisson_fair"),
+])
+def test_redlock_refuses_read_write_and_fair_locks(rl_env, query, protocol):
+    """Read-write and fair locks on several independent masters: 0A000
+    (doc/reference.md), before anything is written on any master."""
+    masters, session = rl_env
+    a = session()
+    a.run("SET redis_lock.protocol = %s", (protocol,))
+    with pytest.raises(psycopg2.errors.FeatureNotSupported) as ei:
+        a.run(query)
+    assert "is not supported on several independent masters" in ei.value.diag.message_primary
+    assert [m.client().dbsize() for m in masters] == [0] * 5
+    assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+
+
 def test_redlock_waiter_is_woken_by_release(rl_env):
     masters, session = rl_env
     a, b, admin = session(), session(), session()
