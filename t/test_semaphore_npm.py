@@ -191,12 +191,26 @@ def test_node_waiter_takes_a_permit_sql_released(sql, node, rc):
     assert p50 < testbed.WAKE_BOUND, out
 
 
-def sql_waiter_handovers(a, admin, node, key, limit, cycles):
+def release_right_after_a_poll(rc):
+    """Return just after the SQL waiter's next attempt (an EVALSHA: the Node
+    holders do not poll), once its backoff has reached the 100 ms cap: the
+    poll after it is then at least that far away."""
+    since = evalsha_calls(rc)
+    testbed.wait_until(lambda: evalsha_calls(rc) >= since + 4, 10,
+                       what="the SQL waiter to poll four times")
+    seen = evalsha_calls(rc)
+    testbed.wait_until(lambda: evalsha_calls(rc) > seen, 10, interval=0.001,
+                       what="the SQL waiter's next poll")
+
+
+def sql_waiter_handovers(a, admin, node, key, limit, cycles, rc=None):
     """Seconds from a Node release to the SQL waiter holding a permit, once a
     cycle; Node holds all `limit` permits and releases one once the poll
     backoff has reached its 100 ms cap: 300 ms into the wait and i/cycles
     of that 100 ms more in cycle i, so the releases fall at every phase of
-    the poll and the median is what a release at a random moment sees."""
+    the poll and the median is what a release at a random moment sees.
+    With rc, each release comes right after one of the waiter's polls
+    instead, so that polling alone would take about 100 ms to find it."""
     n = node()
     out = []
     for i in range(cycles):
@@ -205,7 +219,10 @@ def sql_waiter_handovers(a, admin, node, key, limit, cycles):
         a.start("SELECT redis_semaphore_acquire(%s, wait => '10s', max_permits => %s)",
                 ("semaphore:" + key, limit))
         wait_for_wait_event(admin.conn, a.pid)
-        time.sleep(0.3 + 0.1 * i / cycles)
+        if rc is None:
+            time.sleep(0.3 + 0.1 * i / cycles)
+        else:
+            release_right_after_a_poll(rc)
         released = time.monotonic()
         n.op("release", "0")
         a.join()
@@ -226,9 +243,11 @@ def test_sql_waiter_takes_a_permit_node_released(sql, sessions, node, rc):
     off = sql_waiter_handovers(a, admin, node, "handover", 1, 10)
     rc.config_set("notify-keyspace-events", "Kgz")
     try:
-        on = sql_waiter_handovers(a, admin, node, "handover", 1, 7)
+        # each release right after a poll: only the key's event can wake
+        # the waiter well before the next poll, 100 ms on
+        on = sql_waiter_handovers(a, admin, node, "handover", 1, 7, rc)
         # two of two held: the release removes a member, the key stays
-        part = sql_waiter_handovers(a, admin, node, "handover2", 2, 7)
+        part = sql_waiter_handovers(a, admin, node, "handover2", 2, 7, rc)
     finally:
         rc.config_set("notify-keyspace-events", "")
     print("Node release -> SQL waiter, notifications off, ms:",
@@ -239,9 +258,11 @@ def test_sql_waiter_takes_a_permit_node_released(sql, sessions, node, rc):
     report_latency(CLIENT, "Node release -> SQL waiter, notifications on, key stays (p50)", p50_part)
     for x in (off, on, part):
         assert statistics.median(x) < testbed.WAKE_BOUND, (off, on, part)
-    # the key's "del" or "zrem" woke it, not the poll the 'off' run measures
-    assert p50_off > 2 * p50_on, (off, on)
-    assert p50_off > 2 * p50_part, (off, part)
+    # the key's "del" or "zrem" woke it: released right after a poll, a
+    # wake by the next poll would take about 100 ms (a ratio against the
+    # 'off' run's random phases failed under CI's load: 32.9 against 16.9 ms)
+    assert p50_on < 0.05, (off, on)
+    assert p50_part < 0.05, (off, part)
 
 
 # ------------------------------------------------------------------ leases
