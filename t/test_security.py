@@ -1023,8 +1023,8 @@ def test_a_password_file_open_to_others_is_ignored(pf):
         with pytest.raises(psycopg2.Error) as ei:
             testbed.sql_one(s, "SELECT redis_lock_acquire('pf-open')")
         assert ei.value.pgcode == "28P01", str(ei.value)
-        assert any("ignoring Redis password file" in n and
-                   "accessible by group or others" in n for n in s.notices), s.notices
+        # (what the session is told, and what the log gets: see the last section)
+        assert any("ignoring the Redis password file" in n for n in s.notices), s.notices
         s.close()
     finally:
         pf.write(open(pf.pwfile).read(), mode=0o600)
@@ -1042,7 +1042,8 @@ def test_no_matching_line_is_the_usual_authentication_error(pf, redis_pw):
         assert "password authentication failed for Redis" in str(ei.value)
         assert "redis_lock.password_file" in str(ei.value)          # the hint
         # the malformed second line is named by its number, not its text
-        assert any("skipping line 2 of Redis password file" in n for n in s.notices), s.notices
+        assert any("skipping line 2 of the Redis password file" in n for n in s.notices), s.notices
+        assert not [n for n in s.notices if pf.pwfile in n], s.notices
         s.close()
     finally:
         pf.write(saved)
@@ -1095,8 +1096,8 @@ def test_a_password_file_that_is_no_regular_file_is_ignored_without_hanging(pf):
         with pytest.raises(psycopg2.Error) as ei:
             testbed.sql_one(s, "SELECT redis_lock_acquire('pf-fifo')")
         assert ei.value.pgcode == "28P01", str(ei.value)
-        assert any("ignoring Redis password file" in n and "not a regular file" in n
-                   for n in s.notices), s.notices
+        assert any("ignoring the Redis password file" in n for n in s.notices), s.notices
+        assert '"%s" is not a regular file' % fifo in pf.log_text()
         s.close()
     finally:
         pf.set_conf(redis_lock__password_file=pf.pwfile)
@@ -2127,3 +2128,36 @@ def test_the_largest_legitimate_reply_still_works(pg_fake, fake):
     finally:
         fake.disarm()
         conn.close()
+
+
+# ============================================================================
+# Issue 42, item 5: the hidden password file's path was shown to any role
+# ============================================================================
+# redis_lock.password_file is hidden from other roles in SHOW and
+# pg_settings, but each WARNING about the file named its path, and why it
+# was ignored, to whichever session was connecting.  The session now gets a
+# fixed message; the path and why go to the server log only.
+
+def test_a_password_file_warning_tells_the_session_neither_path_nor_why(pf):
+    saved = open(pf.pwfile).read()
+    log_start = len(pf.log_text())
+    pf.write(saved, mode=0o640)
+    try:
+        s = pf.connect(user="rl_intruder")      # a new backend: a new connection
+        with pytest.raises(psycopg2.Error) as ei:
+            testbed.sql_one(s, "SELECT redis_lock_acquire('pf-hidden')")
+        assert ei.value.pgcode == "28P01", str(ei.value)
+        warnings = [n for n in s.notices if "Redis password file" in n]
+        s.close()
+    finally:
+        pf.write(saved, mode=0o600)
+    assert warnings, "no WARNING about the file"
+    told = "".join(warnings) + str(ei.value)
+    for secret in (pf.pwfile, os.path.basename(pf.pwfile), "accessible", "chmod"):
+        assert secret not in told, (secret, told)
+    assert "The server log names the file" in told
+    # the server log has both, in the detail of the same WARNING
+    logged = pf.log_text()[log_start:]
+    assert re.search(r'WARNING:  ignoring the Redis password file\n'
+                     r'.*DETAIL:  "%s" is accessible by group or others'
+                     % re.escape(pf.pwfile), logged), logged
