@@ -2161,3 +2161,60 @@ def test_a_password_file_warning_tells_the_session_neither_path_nor_why(pf):
     assert re.search(r'WARNING:  ignoring the Redis password file\n'
                      r'.*DETAIL:  "%s" is accessible by group or others'
                      % re.escape(pf.pwfile), logged), logged
+
+
+# ============================================================================
+# Issue 42: locks taken inside another role's SECURITY DEFINER function
+# ============================================================================
+# A slot was charged to the current user: inside a SECURITY DEFINER function,
+# its owner, and to no limit at all when that was a superuser, so a role at
+# its redis_lock.max_locks_per_role took more through any such function it
+# may execute.  A slot is now charged to the role the session acts as (its
+# login role, or the one SET ROLE chose), whichever function takes it.
+
+@pytest.mark.parametrize("owner", ["superuser", "another_role"])
+def test_a_security_definer_function_charges_its_caller_not_its_owner(pg_limits, admin, owner):
+    make_login_role(admin, "definer_caller")
+    func = "take_as_%s" % owner
+    with admin.cursor() as cur:
+        cur.execute("ALTER ROLE definer_caller SET redis_lock.max_locks_per_role = 1")
+        cur.execute("DROP FUNCTION IF EXISTS %s(text)" % func)
+        cur.execute("CREATE FUNCTION %s(name text) RETURNS boolean LANGUAGE sql "
+                    "SECURITY DEFINER SET search_path = pg_catalog, public "
+                    "AS $$ SELECT redis_lock_acquire(name) > 0 $$" % func)
+        cur.execute("REVOKE ALL ON FUNCTION %s(text) FROM PUBLIC" % func)
+        cur.execute("GRANT EXECUTE ON FUNCTION %s(text) TO definer_caller" % func)
+        if owner == "another_role":
+            make_login_role(admin, "definer_owner")
+            cur.execute("ALTER FUNCTION %s(text) OWNER TO definer_owner" % func)
+    c = pg_limits.connect(user="definer_caller")
+    try:
+        assert testbed.sql_one(c, "SELECT redis_lock_acquire('sd:own') > 0")
+        # at its limit: the function's lock is the caller's, and refused
+        with pytest.raises(psycopg2.errors.ConfigurationLimitExceeded) as ei:
+            testbed.sql_one(c, "SELECT %s('sd:through')" % func)
+        assert 'role "definer_caller"' in ei.value.diag.message_primary, str(ei.value)
+        assert testbed.sql_one(c, "SELECT count(*) FROM redis_lock_held()") == 1
+        # with room, the function takes it, and it fills the caller's share
+        assert testbed.sql_one(c, "SELECT redis_lock_release('sd:own')") is True
+        assert testbed.sql_one(c, "SELECT %s('sd:through')" % func) is True
+        with pytest.raises(psycopg2.errors.ConfigurationLimitExceeded):
+            testbed.sql_one(c, "SELECT redis_lock_acquire('sd:own')")
+        # control: SET ROLE still charges the role set (its limit is the
+        # session's setting: a superuser's session sets the caller's)
+        with admin.cursor() as cur:
+            cur.execute("SET redis_lock.max_locks_per_role = 1")
+            cur.execute("SET ROLE definer_caller")
+            try:
+                with pytest.raises(psycopg2.errors.ConfigurationLimitExceeded) as ei:
+                    cur.execute("SELECT redis_lock_acquire('sd:set-role')")
+                assert 'role "definer_caller"' in ei.value.diag.message_primary
+            finally:
+                admin.rollback()
+                cur.execute("RESET ROLE")
+                cur.execute("RESET redis_lock.max_locks_per_role")
+        testbed.sql_one(c, "SELECT redis_lock_release_all()")
+    finally:
+        c.close()
+        with admin.cursor() as cur:
+            cur.execute("DROP FUNCTION IF EXISTS %s(text)" % func)
