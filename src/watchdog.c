@@ -639,6 +639,24 @@ mark_lost(Job *j, RLSlot *s, RLLostCause cause, TimestampTz now)
 	j->lost_cause = (uint8) cause;
 }
 
+#ifdef USE_ASSERT_CHECKING
+/*
+ * Assert-enabled builds only: RL_TEST_STOP_BEFORE_SIGNAL=1 in the server's
+ * environment makes the worker stop itself (SIGSTOP) when it is about to
+ * signal the holder of a lock it found lost, so that t/test_security.py can
+ * let the holder release or take the lock again in that window, which is
+ * otherwise a few instructions wide, and then resume the worker (SIGCONT).
+ */
+static void
+stop_before_signal(void)
+{
+	const char *stop = getenv("RL_TEST_STOP_BEFORE_SIGNAL");
+
+	if (stop != NULL && strcmp(stop, "1") == 0)
+		raise(SIGSTOP);
+}
+#endif
+
 /*
  * One LOG line per lock found lost, and its holder made to act on it as it
  * asked when it took the lock (redis_lock.on_lost): error cancels its
@@ -664,6 +682,9 @@ stop_holders(Job *jobs, int n)
 		{
 			RLSlot	   *s = &rl_shared->slots[j->slot];
 
+#ifdef USE_ASSERT_CHECKING
+			stop_before_signal();
+#endif
 			(void) kill(j->holder_pid,
 						j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT);
 			/* only now: see loss_within (locklost.c) */
