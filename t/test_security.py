@@ -19,6 +19,7 @@ import fnmatch
 import os
 import pwd
 import re
+import signal
 import subprocess
 import time
 import uuid
@@ -2218,3 +2219,90 @@ def test_a_security_definer_function_charges_its_caller_not_its_owner(pg_limits,
         c.close()
         with admin.cursor() as cur:
             cur.execute("DROP FUNCTION IF EXISTS %s(text)" % func)
+
+
+# ============================================================================
+# Issue 42: the worker signalled whoever had the pid of a lost lock's holder
+# ============================================================================
+# Once it found a lock lost, the worker sent SIGINT (on_lost = error) or
+# SIGTERM (terminate) to the pid it had read with the loss, after unlocking
+# the registry and without looking again: a holder that had released the
+# lock, or taken it again (a new grant), meanwhile had its statement
+# cancelled or its backend ended, and with pid reuse the signal could reach
+# an unrelated backend.  It now signals only a process that, under the
+# registry's lock and ProcArrayLock, still holds the grant found lost.  The
+# window is a few instructions wide; RL_TEST_STOP_BEFORE_SIGNAL, read by
+# assert-enabled builds only (src/watchdog.c), stops the worker in it.
+
+@pytest.fixture(scope="module")
+def pg_stop_before_signal(redis_srv):
+    old = os.environ.get("RL_SERVER_ENV")
+    os.environ["RL_SERVER_ENV"] = ((old + " ") if old else "") + "RL_TEST_STOP_BEFORE_SIGNAL=1"
+    try:
+        p = testbed.Postgres(conf={"redis_lock.url": redis_srv.url,
+                                   "redis_lock.lease_time": "3s"}).init().start().with_extension()
+    finally:
+        if old is None:
+            del os.environ["RL_SERVER_ENV"]
+        else:
+            os.environ["RL_SERVER_ENV"] = old
+    yield p
+    for w in watchdog_pids(p.postmaster_pid()):
+        os.kill(w, signal.SIGCONT)
+    p.cleanup()
+
+
+def process_stopped(pid):
+    """Is pid stopped (SIGSTOP)?  Its state in /proc, after the command."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.parametrize("then", ["released", "taken_again"])
+@pytest.mark.parametrize("on_lost", ["error", "terminate"])
+def test_the_worker_signals_no_process_that_let_the_lost_lock_go(pg_stop_before_signal,
+                                                                 redis_srv, on_lost, then):
+    pg = pg_stop_before_signal
+    admin = Session(pg)
+    a = Session(pg)
+    workers = watchdog_pids(pg.postmaster_pid())
+    name = "sig-%s-%s" % (on_lost, then)
+    try:
+        if admin.run("SHOW debug_assertions") != "on":
+            pytest.skip("the worker is stopped in the window only by assert-enabled builds")
+        a.run("SET redis_lock.on_lost = %s", (on_lost,))
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (name,))
+        log_start = len(pg.log_text())
+        redis_srv.client().delete(name)
+        # the worker found the loss and stopped before signalling
+        stopped = testbed.wait_until(
+            lambda: [w for w in workers if process_stopped(w)], 10,
+            what="the worker to find the loss and stop before signalling")
+        assert a.run("SELECT redis_lock_release(%s)", (name,)) is False
+        if then == "taken_again":
+            # the same session and (the free list is LIFO) the same slot
+            assert a.run("SELECT redis_lock_acquire(%s, ttl => '60s') > 0", (name,))
+        a.start("SELECT pg_sleep(3)")
+        testbed.wait_until(lambda: admin.run("SELECT state = 'active' FROM pg_stat_activity "
+                                             "WHERE pid = %s", (a.pid,)), 5,
+                           what="statement running")
+        for w in stopped:
+            os.kill(w, signal.SIGCONT)
+        line = 'Redis lock "%s" of process %d was lost' % (name, a.pid)
+        testbed.wait_until(lambda: line in pg.log_text()[log_start:], 10,
+                           what="the worker's LOG line about the loss")
+        seen_at = time.monotonic()
+        a.join(10)
+        assert a.error is None, a.error
+        # the worker went on (a signal is sent before the line) while it ran
+        assert a.finished_at > seen_at, "the statement ended before the worker went on"
+        logged = pg.log_text()[log_start:]
+        assert re.search(re.escape(line) + r".*; not signalled: it no longer holds it", logged), logged
+        if then == "taken_again":
+            assert a.run("SELECT lost FROM redis_lock_held() WHERE lock_name = %s", (name,)) is False
+            assert a.run("SELECT redis_lock_release(%s)", (name,)) is True
+    finally:
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+        a.close()
+        admin.close()
