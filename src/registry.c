@@ -290,6 +290,11 @@ wake_worker(RLLane lane)
 /*
  * Reserve a slot for a lock about to be acquired.  Capacity is checked
  * before Redis is asked, so a full registry is an error with nothing taken.
+ *
+ * A slot is charged to the role the session acts as, its login role or the
+ * one SET ROLE chose (GetOuterUserId), never to the owner of a SECURITY
+ * DEFINER function it runs: through another role's function, a superuser's
+ * above all, a role would otherwise escape redis_lock.max_locks_per_role.
  */
 int
 rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
@@ -301,7 +306,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	int			nfree;
 	size_t		keylen = strlen(names->key);
 	size_t		namelen = strlen(name);
-	Oid			roleid = GetUserId();
+	Oid			roleid = GetOuterUserId();
 	int			role_limit;
 
 	if (rl_shared == NULL)
@@ -309,8 +314,8 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	/* the key is prefix + name; the slot keeps the key and where name starts */
 	Assert(keylen >= namelen && keylen - namelen <= RL_MAX_PREFIX_LEN &&
 		   strcmp(names->key + keylen - namelen, name) == 0);
-	/* outside the lock: superuser() may read the catalog */
-	role_limit = superuser() ? -1 : rl_role_lock_limit();
+	/* outside the lock: superuser_arg() may read the catalog */
+	role_limit = superuser_arg(roleid) ? -1 : rl_role_lock_limit();
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	if (role_limit >= 0)
 	{

@@ -59,7 +59,8 @@ typedef struct RLSlot
 								 * late grant (0: last renewal + lease) */
 	TimestampTz not_before;		/* orphan: the worker starts no release before
 								 * (its backend's own is owed a reply) */
-	Oid			roleid;			/* the role that took it: counted against its
+	Oid			roleid;			/* the role charged for it (rl_registry_add):
+								 * counted against its
 								 * redis_lock.max_locks_per_role until freed */
 	int64		renew_every_ms; /* renewal period when another client cuts
 								 * the lease short (0: lease/3) */

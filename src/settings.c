@@ -348,6 +348,27 @@ out:
 }
 
 /*
+ * A WARNING that the password file is ignored, why being what is wrong
+ * with it, its path included.  The setting is hidden from other roles
+ * (GUC_SUPERUSER_ONLY), so the session, whoever it is, gets a fixed
+ * message; the path and why go to the server log only (errdetail_log), as
+ * PostgreSQL's deadlock report keeps other sessions' queries there.
+ * file_errno: the errno of a file access that failed, else 0.  Frees why.
+ */
+static void
+password_file_ignored(int file_errno, char *why)
+{
+	errno = file_errno;			/* for errcode_for_file_access */
+	ereport(WARNING,
+			(file_errno != 0 ? errcode_for_file_access() :
+			 errcode(ERRCODE_CONFIG_FILE_ERROR),
+			 errmsg("ignoring the Redis password file"),
+			 errdetail("The server log names the file and what is wrong with it."),
+			 errdetail_log("%s", why)));
+	pfree(why);
+}
+
+/*
  * The text of the password file, palloc'd and NUL-terminated (the caller
  * zeroes and frees it), or NULL with a WARNING when it cannot be read or is
  * ignored: libpq's rules for .pgpass, not a regular file or accessible by
@@ -360,35 +381,33 @@ password_file_read(const char *path, size_t *len)
 	struct stat st;
 	char	   *buf = NULL;
 	size_t		got = 0;
+	int			save_errno;
 
 	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY | O_NONBLOCK);
 	if (fd < 0)
 	{
-		ereport(WARNING,
-				(errcode_for_file_access(),
-				 errmsg("could not open Redis password file \"%s\": %m", path)));
+		save_errno = errno;
+		password_file_ignored(save_errno,
+							  psprintf(_("Could not open \"%s\": %m."), path));
 		return NULL;
 	}
 	if (fstat(fd, &st) != 0)
-		ereport(WARNING,
-				(errcode_for_file_access(),
-				 errmsg("could not stat Redis password file \"%s\": %m", path)));
+	{
+		save_errno = errno;
+		password_file_ignored(save_errno,
+							  psprintf(_("Could not stat \"%s\": %m."), path));
+	}
 	else if (!S_ISREG(st.st_mode))
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIG_FILE_ERROR),
-				 errmsg("ignoring Redis password file \"%s\"", path),
-				 errdetail("It is not a regular file.")));
+		password_file_ignored(0,
+							  psprintf(_("\"%s\" is not a regular file."), path));
 	else if (st.st_mode & (S_IRWXG | S_IRWXO))
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIG_FILE_ERROR),
-				 errmsg("ignoring Redis password file \"%s\"", path),
-				 errdetail("It is accessible by group or others."),
-				 errhint("Make it accessible to the server's operating system user only (chmod 0600).")));
+		password_file_ignored(0,
+							  psprintf(_("\"%s\" is accessible by group or others: make it accessible to the server's operating system user only (chmod 0600)."),
+									   path));
 	else if (st.st_size > RL_PASSWORD_FILE_MAX)
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIG_FILE_ERROR),
-				 errmsg("ignoring Redis password file \"%s\"", path),
-				 errdetail("It is larger than %d bytes.", RL_PASSWORD_FILE_MAX)));
+		password_file_ignored(0,
+							  psprintf(_("\"%s\" is larger than %d bytes."),
+									   path, RL_PASSWORD_FILE_MAX));
 	else
 	{
 		buf = palloc(st.st_size + 1);
@@ -400,9 +419,9 @@ password_file_read(const char *path, size_t *len)
 				continue;
 			if (n < 0)
 			{
-				ereport(WARNING,
-						(errcode_for_file_access(),
-						 errmsg("could not read Redis password file \"%s\": %m", path)));
+				save_errno = errno;
+				password_file_ignored(save_errno,
+									  psprintf(_("Could not read \"%s\": %m."), path));
 				explicit_bzero(buf, got);
 				pfree(buf);
 				buf = NULL;
@@ -465,9 +484,11 @@ rl_password_file_lookup(const RLEndpoint *ep)
 			else if (malformed)
 				ereport(WARNING,
 						(errcode(ERRCODE_CONFIG_FILE_ERROR),
-						 errmsg("skipping line %d of Redis password file \"%s\"",
-								lineno, path),
-						 errdetail("A line is host:port:user:password; a \":\" or \"\\\" inside a field is written \"\\:\" or \"\\\\\".")));
+						 errmsg("skipping line %d of the Redis password file",
+								lineno),
+						 errdetail("A line is host:port:user:password; a \":\" or \"\\\" inside a field is written \"\\:\" or \"\\\\\"."),
+						 errdetail_log("In \"%s\". A line is host:port:user:password; a \":\" or \"\\\" inside a field is written \"\\:\" or \"\\\\\".",
+									   path)));
 		}
 		line = next;
 	}

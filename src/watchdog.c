@@ -639,13 +639,70 @@ mark_lost(Job *j, RLSlot *s, RLLostCause cause, TimestampTz now)
 	j->lost_cause = (uint8) cause;
 }
 
+#ifdef USE_ASSERT_CHECKING
+/*
+ * Assert-enabled builds only: RL_TEST_STOP_BEFORE_SIGNAL=1 in the server's
+ * environment makes the worker stop itself (SIGSTOP) when it is about to
+ * signal the holder of a lock it found lost, so that t/test_security.py can
+ * let the holder release or take the lock again in that window, which is
+ * otherwise a few instructions wide, and then resume the worker (SIGCONT).
+ */
+static void
+stop_before_signal(void)
+{
+	const char *stop = getenv("RL_TEST_STOP_BEFORE_SIGNAL");
+
+	if (stop != NULL && strcmp(stop, "1") == 0)
+		raise(SIGSTOP);
+}
+#endif
+
+/*
+ * Signal the holder of lock j, found lost: SIGINT, or SIGTERM for on_lost
+ * = terminate.  Only while it still holds the grant found lost: the slot
+ * is held, of the same generation (a release or a new grant bumps it) and
+ * of the same process, which is still in the ProcArray.  Checked and sent
+ * with the registry's lock and ProcArrayLock held, as PostgreSQL signals a
+ * virtual transaction's backend (SignalVirtualTransaction): the holder
+ * cannot let the grant go meanwhile, nor leave the ProcArray, before which
+ * its pid cannot be reused (a backend that crashed keeps its entry, but
+ * then the postmaster at once ends every process, this one too).
+ * cancelled_at records that the signal was sent, once kill() returned
+ * (loss_within, locklost.c).
+ * Returns whether it was sent.
+ */
+static bool
+signal_holder(Job *j)
+{
+	RLSlot	   *s = &rl_shared->slots[j->slot];
+	bool		holds;
+	bool		sent = false;
+
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	holds = s->generation == j->generation && s->state == SLOT_HELD &&
+		s->st.pid == j->holder_pid;
+	if (holds)
+	{
+		LWLockAcquire(ProcArrayLock, LW_SHARED);
+		sent = BackendPidGetProcWithLock(j->holder_pid) != NULL &&
+			kill(j->holder_pid,
+				 j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT) == 0;
+		LWLockRelease(ProcArrayLock);
+	}
+	if (sent)
+		s->st.cancelled_at = GetCurrentTimestamp();
+	LWLockRelease(rl_shared->lock);
+	return sent;
+}
+
 /*
  * One LOG line per lock found lost, and its holder made to act on it as it
  * asked when it took the lock (redis_lock.on_lost): error cancels its
  * running statement, which the backend reports as the loss (40001, see
  * rl_lost_report_hook); terminate ends the backend.  A backend that is idle
  * ignores the cancel; one idle in a transaction fails its next statement
- * (rl_lost_check_statement).
+ * (rl_lost_check_statement).  A holder that let the lock go since the loss
+ * was found (or exited) is not signalled (signal_holder).
  */
 static void
 stop_holders(Job *jobs, int n)
@@ -660,21 +717,20 @@ stop_holders(Job *jobs, int n)
 		if (!j->lost_now)
 			continue;
 		j->lost_now = false;
-		if (j->on_lost != RL_ON_LOST_WARN && j->holder_pid > 0)
+		if (j->on_lost == RL_ON_LOST_WARN)
+			action = "it is warned at its next call";
+		else
 		{
-			RLSlot	   *s = &rl_shared->slots[j->slot];
-
-			(void) kill(j->holder_pid,
-						j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT);
-			/* only now: see loss_within (locklost.c) */
-			LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-			if (s->generation == j->generation && s->state == SLOT_HELD)
-				s->st.cancelled_at = GetCurrentTimestamp();
-			LWLockRelease(rl_shared->lock);
+#ifdef USE_ASSERT_CHECKING
+			stop_before_signal();
+#endif
+			if (j->holder_pid <= 0 || !signal_holder(j))
+				action = "not signalled: it no longer holds it";
+			else if (j->on_lost == RL_ON_LOST_TERMINATE)
+				action = "terminating it";
+			else
+				action = "cancelling its statement";
 		}
-		action = j->on_lost == RL_ON_LOST_ERROR ? "cancelling its statement" :
-			j->on_lost == RL_ON_LOST_TERMINATE ? "terminating it" :
-			"it is warned at its next call";
 		ereport(LOG,
 				(errmsg("Redis lock \"%s\" of process %d was lost: %s; %s",
 						j->key + j->name_off, j->holder_pid,
