@@ -386,6 +386,16 @@ rl_lt_registry_says_lost(RLHeld *e)
 	return rl_registry_lost(e->registry_slot);
 }
 
+/*
+ * Redis found e ours in a round trip sent at refreshed_at: a loss the
+ * worker only presumed is withdrawn (rl_registry_withdraw_presumed_loss).
+ */
+bool
+rl_lt_withdraw_presumed_loss(RLHeld *e, TimestampTz refreshed_at)
+{
+	return rl_registry_withdraw_presumed_loss(e->registry_slot, refreshed_at);
+}
+
 void
 rl_lt_entry_remove(RLHeld *e)
 {

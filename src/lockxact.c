@@ -56,7 +56,11 @@ any_xact_holds(void)
 /*
  * Before COMMIT: check with Redis, in one round trip per node however many
  * locks, that every transaction-scoped lock is still ours (and restart its
- * lease).  A lost one fails the COMMIT: the transaction rolls back.
+ * lease).  A lost one fails the COMMIT: the transaction rolls back.  A loss
+ * the worker only presumed since the session last looked (no renewal
+ * answered for a lease) stands unless Redis now finds the lock ours: then
+ * its renewals ran and only their answers were missed, and it is withdrawn
+ * (issue 43).
  */
 static void
 verify_xact_locks(void)
@@ -65,6 +69,8 @@ verify_xact_locks(void)
 	RLHeld	   *e;
 	RLHeld	  **ents;
 	RLLockOp   *ops;
+	bool	   *presumed;
+	TimestampTz sent;
 	int			n = 0;
 	int			i;
 	MemoryContext old;
@@ -84,18 +90,23 @@ verify_xact_locks(void)
 		return;
 	}
 	ops = palloc(sizeof(RLLockOp) * n);
+	presumed = palloc0(sizeof(bool) * n);
 	for (i = 0; i < n; i++)
 	{
 		e = ents[i];
-		if (e->registry_slot >= 0 && !e->lost && rl_lt_registry_says_lost(e))
-			e->lost = true;
+		presumed[i] = e->registry_slot >= 0 && !e->lost &&
+			rl_lt_registry_says_lost(e);
 		rl_lt_op_init(&ops[i], RL_OP_EXTEND, e, e->lease_ms);
 	}
+	sent = GetCurrentTimestamp();
 	rl_lock_ops_run(ops, n, RL_RUN_HARD);
 	for (i = 0; i < n; i++)
 	{
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
 			ents[i]->unreachable = true;
+		if (presumed[i] &&
+			!(RL_OP_YES(&ops[i]) && rl_lt_withdraw_presumed_loss(ents[i], sent)))
+			ents[i]->lost = true;
 	}
 	for (i = 0; i < n; i++)
 	{

@@ -642,6 +642,38 @@ rl_registry_lost(int slot)
 }
 
 /*
+ * The worker presumed this lock lost (RL_LOST_UNREACHABLE: no renewal of its
+ * was answered for a lease), and Redis has since answered a round trip sent
+ * at refreshed_at that found it ours and restarted its lease: the
+ * presumption was wrong (the renewals ran, only their answers were not
+ * read), and is withdrawn.  The worker renews it again from refreshed_at.
+ * A loss Redis itself reported (RL_LOST_NOT_OURS) is never withdrawn.
+ * Returns whether it was.  Only our own slot.
+ */
+bool
+rl_registry_withdraw_presumed_loss(int slot, TimestampTz refreshed_at)
+{
+	RLSlot	   *s;
+	bool		withdrawn;
+
+	if (rl_shared == NULL || slot < 0)
+		return false;
+	s = &rl_shared->slots[slot];
+	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	withdrawn = s->state == SLOT_HELD && s->st.lost &&
+		s->st.lost_cause == RL_LOST_UNREACHABLE;
+	if (withdrawn)
+	{
+		s->st.lost = false;
+		s->st.lost_at = 0;
+		s->st.cancelled_at = 0;
+		s->st.last_renewed_at = Max(s->st.last_renewed_at, refreshed_at);
+	}
+	LWLockRelease(rl_shared->lock);
+	return withdrawn;
+}
+
+/*
  * When the lease of this lock was last restarted in Redis, by a round trip
  * sent then (the worker's renewal, or the backend's own refresh).  Only our
  * own slot.

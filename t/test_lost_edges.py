@@ -194,3 +194,60 @@ def test_the_workers_cancel_never_lands_as_a_users_cancel(env):
         a.run("SELECT redis_lock_release_all()")
     print(codes)
     assert all(c is None or c[0] == "40001" for c in codes), codes
+
+
+# ================================================================ issue 43 item 3: false losses under faults
+
+@pytest.fixture(scope="module")
+def penv():
+    """Redis behind a proxy that can hold its replies back; a 3 s lease,
+    1 s timeouts."""
+    r = testbed.Redis().start()
+    proxy = testbed.DelayProxy(r.port, 0.0).start()
+    pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
+                                "redis_lock.lease_time": "3s",
+                                "redis_lock.command_timeout": "1s",
+                                "redis_lock.connect_timeout": "1s"}).init().start().with_extension()
+    admin = pg.connect()
+    yield r, proxy, pg, admin
+    admin.close()
+    pg.cleanup()
+    proxy.stop()
+    r.stop()
+
+
+@pytest.mark.parametrize("mode", ["read", "exclusive"])
+def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode):
+    """Issue 43 item 3: the worker presumes a lock lost once no renewal was
+    answered for a lease (watchdog.c apply_renewal), though the renewals it
+    sent ran: only their replies were held back (a proxy; in the chaos run,
+    the slow lane frozen with its round in flight, failed by its deadline
+    with the reply in its socket).  Redis still holds the lock, and the
+    COMMIT's verify finds it ours; the presumption stayed in the registry
+    for good, and the COMMIT failed with 40001 'lost before COMMIT'."""
+    r, proxy, pg, admin = penv
+    rc = r.client()
+    rc.flushall()
+    a = Session(pg)
+    try:
+        # the COMMIT verify, not the idle-in-transaction rule of on_lost = error
+        a.run("SET redis_lock.on_lost = warn")
+        a.run("BEGIN")
+        if mode == "read":
+            assert a.run("SELECT redis_lock_acquire_read('pl', xact => true)") is True
+        else:
+            assert a.run("SELECT redis_lock_acquire('pl', xact => true) > 0")
+        proxy.held = True
+        try:
+            testbed.wait_until(lambda: lost_seen(admin, "pl"), 10 * testbed.TIME_SCALE, 0.02,
+                               what="the worker to presume it lost")
+            assert rc.pttl("pl") > 0      # its renewals ran: Redis holds it
+        finally:
+            proxy.held = False
+        del a.conn.notices[:]
+        a.run("COMMIT")                 # before: 40001 'lost before COMMIT'
+        assert not [n for n in a.conn.notices if "lost" in n], a.conn.notices
+        testbed.wait_until(lambda: not rc.exists("pl"), 5, 0.01, what="the release at COMMIT")
+    finally:
+        proxy.held = False
+        a.close()
