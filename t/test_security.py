@@ -2127,3 +2127,116 @@ def test_the_largest_legitimate_reply_still_works(pg_fake, fake):
     finally:
         fake.disarm()
         conn.close()
+
+
+# ============================================================================
+# Issue 42, item 3: redis_lock_force_release deleted keys that were no locks
+# ============================================================================
+# Its script deleted any string that was not a decimal integer and, under
+# redis_lock.protocol = 'redisson', any hash without a "mode" field (and,
+# under any protocol, any hash with one), with no TTL or owner-shape check:
+# another application's JSON string or hash went while redis_lock_status
+# called it no lock.  Force release now deletes exactly what status calls a
+# lock (one test: lock_owners in src/scripts.c, rl_inspect_reply without
+# scripts) and refuses anything else with 42809, leaving it as it was.  Run
+# in both worlds above (scripts on Redis 7.0; none on Valkey 9.1) by a
+# superuser -- force release is not PUBLIC's -- under the default empty key
+# prefix; status is asked by the LOGIN-only role.
+
+def foreign_keys():
+    """Every string and hash of the status tests above that is no lock, and
+    a counter with a TTL: name -> (value or mapping, TTL in ms or None)."""
+    keys = dict(FOREIGN_STRINGS)
+    keys.update(foreign_hashes())
+    keys["counter-with-ttl"] = (b"12345", TTL_MS)
+    keys["negative-counter-with-ttl"] = (b"-42", TTL_MS)
+    return keys
+
+
+def put(rc, key, content, ttl):
+    if isinstance(content, dict):
+        rc.hset(key, mapping=content)
+        if ttl is not None:
+            rc.pexpire(key, ttl)
+    else:
+        rc.set(key, content, px=ttl)
+
+
+def force(admin, name):
+    """force release of name: its result, or the error it raised."""
+    try:
+        return admin.run("SELECT redis_lock_force_release(%s)", (name,))
+    except psycopg2.Error as e:
+        return e
+
+
+def protocols(w):
+    """The lock protocols of a world: only simple without scripts."""
+    return ["simple", "redisson"] if w.scripting else ["simple"]
+
+
+def superuser(w):
+    s = Session(w.pg)
+    w.made.append(s)
+    return s
+
+
+def test_force_release_leaves_every_key_that_status_calls_no_lock(env):
+    w, rc = env
+    probe, admin = w.probe(), superuser(w)
+    deleted, shown = [], []
+    for protocol in protocols(w):
+        admin.run("SET redis_lock.protocol = %s", (protocol,))
+        for case, (content, ttl) in sorted(foreign_keys().items()):
+            key = "app:" + case
+            rc.delete(key)
+            put(rc, key, content, ttl)
+            before = rc.dump(key)
+            typ = "hash" if isinstance(content, dict) else "string"
+            out = force(admin, key)
+            if rc.dump(key) != before:
+                deleted.append((protocol, case))
+                continue
+            assert isinstance(out, psycopg2.errors.WrongObjectType), (protocol, case, out)
+            assert 'Redis key "%s" holds a' % key in str(out), str(out)
+            assert (rc.pttl(key) > 0) == (ttl is not None)
+            if status_row(probe, key) != not_a_lock(key, typ):
+                shown.append((protocol, case))
+    assert not deleted, "force release deleted keys that are no lock: %s" % deleted
+    assert not shown, "status calls a lock what force release refuses: %s" % shown
+
+
+def test_force_release_still_deletes_the_locks_of_every_layout(env):
+    """The control: every lock status shows, as each client writes it, is
+    deleted; status then finds no key."""
+    w, rc = env
+    probe, admin = w.probe(), superuser(w)
+    rid = redisson_id()
+    strings = {"py-lock": uuid.uuid1().hex.encode(),            # redis-py
+               "java-lock": str(uuid.uuid4()).encode(),        # hand-written Java
+               "go-lock": b"q2Zl+N0/hZP8kxgWc1Zt6g==",         # redsync
+               "js-lock": os.urandom(16).hex().encode()}       # node-redlock
+    hashes = {"rlock": {rid + ":57": 2},
+              "rlock-rx": {rid + ":-4611686018427387904": 1},
+              "rw-read": {"mode": "read", rid + ":61": 1, redisson_id() + ":12": 2},
+              "rw-write": {"mode": "write", rid + ":61": 1, rid + ":61:write": 1}}
+    locks = [("simple", k, v) for k, v in strings.items()]
+    if w.scripting:
+        locks += [("redisson", k, v) for k, v in hashes.items()]
+        # a read-write lock goes whatever the protocol says
+        locks += [("simple", k, v) for k, v in hashes.items() if k.startswith("rw-")]
+    for protocol, key, content in locks:
+        admin.run("SET redis_lock.protocol = %s", (protocol,))
+        put(rc, key, content, 30000)
+        assert status_row(probe, key)[0] is True, key
+        assert force(admin, key) is True, (protocol, key)
+        assert rc.exists(key) == 0, key
+        assert status_row(probe, key) == (False, False, None, None, key, "none")
+    # the session's own lock, of each layout it can take
+    for protocol in protocols(w):
+        admin.run("SET redis_lock.protocol = %s", (protocol,))
+        assert probe.run("SET redis_lock.protocol = %s", (protocol,)) is None
+        assert probe.run("SELECT redis_lock_try_acquire('own', ttl => '30s')") is True
+        assert force(admin, "own") is True, protocol
+        assert rc.exists("own") == 0
+        assert probe.run("SELECT redis_lock_release('own')") is False
