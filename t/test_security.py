@@ -2240,3 +2240,69 @@ def test_force_release_still_deletes_the_locks_of_every_layout(env):
         assert force(admin, "own") is True, protocol
         assert rc.exists("own") == 0
         assert probe.run("SELECT redis_lock_release('own')") is False
+
+
+# ============================================================================
+# Issue 42, item 4: one role switched off prompt loss detection for everyone
+# ============================================================================
+# The watchdog worker subscribes to the keyspace notifications of at most
+# 4096 keys (src/watchevents.c), and took them first come, first served: a
+# LOGIN-only role holding more locks than that (the per-role limit allows it
+# once redis_lock.max_locks >= 8192) left another role's lock unwatched, so
+# its loss was found only by its renewal, a third of its lease later, and
+# on_lost stopped that role's work that much late.  The watches are now
+# shared between the roles holding locks: here the hog gets all but one,
+# the victim its one, and the victim's loss is found by its notification.
+
+WATCH_KEYS_MAX = 4096               # src/watchevents.c, RL_WATCH_KEYS_MAX
+HOG_LOCKS = WATCH_KEYS_MAX + 104
+WATCH_LEASE = "120s"                # renewed every 40 s: the slow path
+# the notification path: 0.022 s beside 4200 watched locks (2-core machine,
+# loaded, 2026-11-28); the build before took 36.7 s (the renewal, up to 40 s)
+WATCHED_LOSS_BOUND = 3.0
+
+
+@pytest.fixture(scope="module")
+def watch_env():
+    r = testbed.Redis().start()
+    rc = r.client()
+    rc.config_set("notify-keyspace-events", "Kgx")
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
+                                "redis_lock.max_locks": "10000",
+                                "redis_lock.max_locks_per_session": "5000"}
+                          ).init().start().with_extension()
+    admin = pg.connect()
+    for role in ("watch_hog", "watch_victim"):
+        make_login_role(admin, role)
+    yield rc, pg, admin
+    admin.close()
+    pg.cleanup()
+    r.stop()
+
+
+def watched(rc, pattern):
+    """Keys matching pattern whose notifications someone subscribes to."""
+    return len(rc.pubsub_channels("__keyspace@0__:" + pattern))
+
+
+def test_one_role_cannot_take_every_keyspace_watch(watch_env):
+    from test_lost import assert_loss_stops_a_statement, worker_watches
+    rc, pg, admin = watch_env
+    hog, victim = Session(pg, user="watch_hog"), Session(pg, user="watch_victim")
+    try:
+        assert hog.run("SELECT rolsuper FROM pg_roles WHERE rolname = current_user") is False
+        hog.run("SET redis_lock.lease_time = %s", (WATCH_LEASE,))
+        assert hog.run("SELECT count(*) FROM generate_series(1, %s) i "
+                       "WHERE redis_lock_acquire('hog:' || i) > 0", (HOG_LOCKS,)) == HOG_LOCKS
+        testbed.wait_until(lambda: watched(rc, "hog:*") == WATCH_KEYS_MAX, 60, 0.2,
+                           what="the worker to watch as many of the hog's locks as it may")
+        victim.run("SET redis_lock.lease_time = %s", (WATCH_LEASE,))
+        assert victim.run("SELECT redis_lock_acquire('victim') > 0")
+        testbed.wait_until(lambda: worker_watches(rc, "victim"), 20, 0.05,
+                           what="the victim's lock watched beside the hog's")
+        assert watched(rc, "hog:*") == WATCH_KEYS_MAX - 1
+        took = assert_loss_stops_a_statement(victim, admin, rc, "victim", WATCHED_LOSS_BOUND)
+        print("\nthe victim's loss stopped its statement %.3f s after it" % took)
+    finally:
+        hog.close()
+        victim.close()
