@@ -572,8 +572,9 @@ rl_sibling_owner(RLProtocol protocol, const char *other, char *owner)
 /*
  * The owner forms redis_lock_status() reports (doc/reference.md,
  * "redis_lock_status"); a key in no such form is not taken for a lock, and
- * nothing of it is shown.  The inspect script (scripts.c) makes the same
- * checks in Lua, so that a foreign value never leaves the server.
+ * nothing of it is shown, nor deleted by a force release.  The inspect and
+ * force-release scripts (scripts.c, lock_owners) make the same checks in
+ * Lua, so that a foreign value never leaves the server.
  */
 
 static bool
