@@ -572,8 +572,9 @@ rl_sibling_owner(RLProtocol protocol, const char *other, char *owner)
 /*
  * The owner forms redis_lock_status() reports (doc/reference.md,
  * "redis_lock_status"); a key in no such form is not taken for a lock, and
- * nothing of it is shown.  The inspect script (scripts.c) makes the same
- * checks in Lua, so that a foreign value never leaves the server.
+ * nothing of it is shown, nor deleted by a force release.  The inspect and
+ * force-release scripts (scripts.c, lock_owners) make the same checks in
+ * Lua, so that a foreign value never leaves the server.
  */
 
 static bool
@@ -583,11 +584,30 @@ is_hex_digit(char c)
 }
 
 /*
+ * Is this a decimal integer of at most 20 bytes (an optional "-" and
+ * digits): what INCR leaves, a counter such as a semaphore's count of free
+ * permits?  No client's owner value is one.
+ */
+static bool
+is_counter(const char *s, size_t len)
+{
+	size_t		i = len > 0 && s[0] == '-' ? 1 : 0;
+
+	if (i == len || len > 20)
+		return false;
+	for (; i < len; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+	return true;
+}
+
+/*
  * Is this a string lock's owner value as the clients of the simple layout
  * write it: 1 to RL_LOCK_VALUE_MAX bytes of ASCII letters, digits and
- * "+-./:=@_"?  Ours is "pgrl:" and hex, redis-py's and node-redlock's hex,
- * redsync's base64, a hand-written Java lock's a UUID.  JSON, text with
- * spaces or quotes, and any byte outside ASCII are not.
+ * "+-./:=@_", and no counter?  Ours is "pgrl:" and hex, redis-py's and
+ * node-redlock's hex, redsync's base64, a hand-written Java lock's a UUID.
+ * JSON, text with spaces or quotes, any byte outside ASCII, and a decimal
+ * integer are not.
  */
 bool
 rl_is_lock_value(const char *s, size_t len)
@@ -595,7 +615,7 @@ rl_is_lock_value(const char *s, size_t len)
 	static const char punct[] = "+-./:=@_";
 	size_t		i;
 
-	if (len == 0 || len > RL_LOCK_VALUE_MAX)
+	if (len == 0 || len > RL_LOCK_VALUE_MAX || is_counter(s, len))
 		return false;
 	for (i = 0; i < len; i++)
 	{

@@ -634,18 +634,30 @@ rl_sem_reply(RLCall *unit, char **type)
 	return r;
 }
 
-/* Is s an optional "-" and one or more decimal digits? */
-static bool
-is_decimal_integer(const char *s)
+/*
+ * A script-free force release's first round, the inspect's commands
+ * (scriptfree.c): RL_FLAG_SEEN with *text the owner value of a string lock,
+ * to delete if it still holds it; RL_FLAG_NO when there is no key;
+ * RL_FLAG_WRONGTYPE with *text its type for any key that is not a lock of
+ * the simple layout.  A lock is what redis_lock_status shows as one
+ * (rl_inspect_reply), as in force_lua.
+ */
+static RLFlag
+free_parse_force(RLCall *unit, int n, char **text)
 {
-	if (*s == '-')
-		s++;
-	if (*s == '\0')
-		return false;
-	for (; *s; s++)
-		if (*s < '0' || *s > '9')
-			return false;
-	return true;
+	RLReply    *r = rl_inspect_reply(unit, n);
+
+	if (r == NULL)
+		return RL_FLAG_FAILED;
+	if (bytes_are(r->element[0], "none"))
+		return RL_FLAG_NO;
+	if (r->elements != 3 || !bytes_are(r->element[0], "string"))
+	{
+		*text = r->element[0]->str;
+		return RL_FLAG_WRONGTYPE;
+	}
+	*text = r->element[2]->str;
+	return RL_FLAG_SEEN;
 }
 
 /*
@@ -659,30 +671,7 @@ free_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
 	RLReply    *r = free_answer(kind, unit, n)->reply;
 
 	if (kind == RL_OP_FORCE)
-	{
-		/* TYPE, GET */
-		RLReply    *x = exec_reply(unit, n);
-
-		if (x == NULL || !is_text(x->element[0]))
-			return RL_FLAG_FAILED;
-		if (strcmp(x->element[0]->str, "none") == 0)
-			return RL_FLAG_NO;
-		if (strcmp(x->element[0]->str, "string") != 0)
-		{
-			*text = x->element[0]->str;
-			return RL_FLAG_WRONGTYPE;
-		}
-		if (x->element[1]->type != REDIS_REPLY_STRING)
-			return RL_FLAG_FAILED;
-		/* a decimal integer is a counter, no lock's value (force_lua) */
-		if (is_decimal_integer(x->element[1]->str))
-		{
-			*text = "counter";
-			return RL_FLAG_WRONGTYPE;
-		}
-		*text = x->element[1]->str;
-		return RL_FLAG_SEEN;
-	}
+		return free_parse_force(unit, n, text);
 	if (r == NULL)
 		return RL_FLAG_FAILED;
 	if (rl_reply_is_error(r, "WRONGTYPE"))

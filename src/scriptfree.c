@@ -46,9 +46,9 @@
  *   lease whatever is left.  Only our own extend could have left more, and
  *   the registry keeps extend and renewals apart (rl_extend).  It still
  *   reports what it found, with a PTTL before its SET.
- * - Force release reads the token, then deletes the key if it still holds
- *   it: two round trips; a lock that changes hands in between is left to
- *   its new holder.
+ * - Force release inspects the key as redis_lock_status does, then deletes
+ *   it if it is a lock and still holds the owner value seen: two round
+ *   trips; a lock that changes hands in between is left to its new holder.
  * ----------------------------------------------------------------
  */
 
@@ -116,9 +116,10 @@ free_delete(RLCall *unit, RLConn *conn, const RLLockNames *n, const char *token)
  * release: DELIFEQ key token (or DELEX key IFEQ token) / PUBLISH.
  * extend: SET key token IFEQ token PX lease (nil: not ours; never creates).
  * renew: PTTL key / SET key token IFEQ token PX lease.
- * force: MULTI / TYPE key / GET key / EXEC, then rl_build_force_delete.
- * inspect: MULTI / TYPE key / PTTL key / GETRANGE key 0 RL_LOCK_VALUE_MAX /
- *   HRANDFIELD key RL_LOCK_FIELDS_MAX + 1 WITHVALUES / EXEC (the one of
+ * inspect, also force's first round (rl_build_force_delete then deletes
+ *   only what it calls a lock): MULTI / TYPE key / PTTL key / GETRANGE key
+ *   0 RL_LOCK_VALUE_MAX / HRANDFIELD key RL_LOCK_FIELDS_MAX + 1
+ *   WITHVALUES / EXEC (the one of
  *   GETRANGE and HRANDFIELD that does not fit the type answers WRONGTYPE).
  *   Both are bounded: one byte more than a lock's value may have, one
  *   field more than a lock's hash may have (the whole hash when it has no
@@ -178,17 +179,6 @@ rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
 			}
 			return k;
 		case RL_OP_FORCE:
-			if (unit == NULL)
-				return 4;
-			{
-				const char *get[2] = {"GET", n->key};
-
-				free_call(unit, k++, conn, 1, multi);
-				free_call(unit, k++, conn, 2, type);
-				free_call(unit, k++, conn, 2, get);
-				free_call(unit, k++, conn, 1, exec);
-			}
-			return k;
 		case RL_OP_INSPECT:
 			if (unit == NULL)
 				return 6;

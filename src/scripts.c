@@ -325,32 +325,89 @@ static const char *redisson_extend_lua =
 "return t + 2\n";
 
 /*
+ * What a lock is: the one test, in Lua, that the inspect and the force
+ * release scripts both start with (so redis_lock_status shows an owner of
+ * exactly the keys redis_lock_force_release deletes); rl_inspect_reply
+ * makes the same checks on the script-free inspect's answers, which the
+ * script-free force release reads too.  lock_owners(k) returns the key's
+ * type, and for a lock also its pttl, its owner and, for a read-write lock,
+ * its mode.  A lock has a TTL and is a string holding an owner value
+ * (rl_is_lock_value: at most RL_LOCK_VALUE_MAX bytes of letters, digits and
+ * "+-./:=@_", and not a decimal integer of at most 20 bytes, a counter such
+ * as a semaphore's count), or a hash as Redisson's layouts write it (at
+ * most RL_LOCK_FIELDS_MAX fields, each "<uuid>:<thread id>" or a writer's
+ * "<uuid>:<thread id>:write" holding a positive count, or "mode" = "read"
+ * or "write", with writers exactly when the mode is "write"); its owner is
+ * then the holder fields, a writer's first.  A value is read only once its
+ * length is known to be small, and a hash only once it has few fields: the
+ * script's work is bounded too.
+ */
+#define LOCK_OWNERS_LUA \
+"local function lock_owners(k)\n" \
+"  local t = redis.call('type', k)['ok']\n" \
+"  local p = redis.call('pttl', k)\n" \
+"  if p < 0 then return t end\n" \
+"  if t == 'string' then\n" \
+"    if redis.call('strlen', k) > " CppAsString2(RL_LOCK_VALUE_MAX) " then return t end\n" \
+"    local v = redis.call('get', k)\n" \
+"    if not string.find(v, '^[0-9A-Za-z%+%-%./:=@_]+$') then return t end\n" \
+"    if #v <= 20 and string.find(v, '^%-?%d+$') then return t end\n" \
+"    return t, p, v\n" \
+"  end\n" \
+"  if t ~= 'hash' or redis.call('hlen', k) > " CppAsString2(RL_LOCK_FIELDS_MAX) " then\n" \
+"    return t\n" \
+"  end\n" \
+"  local id = '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x:%-?(%d+)$'\n" \
+"  local kv = redis.call('hgetall', k)\n" \
+"  local mode, writers, owners = nil, 0, {}\n" \
+"  for i = 1, #kv, 2 do\n" \
+"    local f, v = kv[i], kv[i + 1]\n" \
+"    if f == 'mode' then\n" \
+"      if v ~= 'read' and v ~= 'write' then return t end\n" \
+"      mode = v\n" \
+"    else\n" \
+"      local h, w = f, string.sub(f, -6) == ':write'\n" \
+"      if w then h = string.sub(f, 1, -7) end\n" \
+"      local tid = string.match(h, id)\n" \
+"      if not tid or #tid > 19 or #v > 19 or not string.find(v, '^[1-9]%d*$') then\n" \
+"        return t\n" \
+"      end\n" \
+"      if w then\n" \
+"        writers = writers + 1\n" \
+"        table.insert(owners, 1, f)\n" \
+"      else\n" \
+"        owners[#owners + 1] = f\n" \
+"      end\n" \
+"    end\n" \
+"  end\n" \
+"  if #owners == 0 or (writers > 0) ~= (mode == 'write') then return t end\n" \
+"  return t, p, owners, mode\n" \
+"end\n"
+
+/*
  * Force release, every layout.  KEYS: lock.  ARGV: publish command,
  * expected type, channel, read-write lock channel, fair queue ("": none),
- * fair timeout set, now (Unix ms).  A key of another type is never
- * deleted, nor a string that is a decimal integer: a counter, such as a
- * Redisson semaphore's count of free permits, which no lock's owner value
- * is (deleting it would let the semaphore be set up again beside the
- * permits still held).  A read-write lock (a hash with a "mode" field) is deleted
- * whatever the protocol, and its waiters are all woken ("1", as Redisson's
- * forceUnlock of a write lock does, then "0": see rw_write_release_lua).  Under redisson_fair the queue's heads
- * whose time has passed leave it first, as in Redisson's forceUnlock, and
- * the live head is woken on its own channel.
+ * fair timeout set, now (Unix ms).  Only a lock (lock_owners) is deleted:
+ * a key of another type, or of the layout's type that is not a lock
+ * (another application's value or hash, a counter such as a Redisson
+ * semaphore's count of free permits), is answered {-1, its type} and left
+ * as it is.  A read-write lock is deleted whatever the protocol, and its
+ * waiters are all woken ("1", as Redisson's forceUnlock of a write lock
+ * does, then "0": see rw_write_release_lua).  Under redisson_fair the
+ * queue's heads whose time has passed leave it first, as in Redisson's
+ * forceUnlock, and the live head is woken on its own channel.
  */
 static const char *force_lua =
-"local t = redis.call('type', KEYS[1])['ok']\n"
+LOCK_OWNERS_LUA
+"local t, p, owner, mode = lock_owners(KEYS[1])\n"
 "if t == 'none' then return 0 end\n"
-"if t == 'hash' and redis.call('hexists', KEYS[1], 'mode') == 1 then\n"
+"if owner and mode then\n"
 "  redis.call('del', KEYS[1])\n"
 "  redis.call(ARGV[1], ARGV[4], '1')\n"
 "  redis.call(ARGV[1], ARGV[4], '0')\n"
 "  return 1\n"
 "end\n"
-"if t ~= ARGV[2] then return {-1, t} end\n"
-"if t == 'string' and redis.call('strlen', KEYS[1]) <= 20 and\n"
-"    string.find(redis.call('get', KEYS[1]), '^%-?%d+$') then\n"
-"  return {-1, 'counter'}\n"
-"end\n"
+"if t ~= ARGV[2] or not owner then return {-1, t} end\n"
 "redis.call('del', KEYS[1])\n"
 "if ARGV[5] == '' then\n"
 "  redis.call(ARGV[1], ARGV[3], '0')\n"
@@ -371,55 +428,14 @@ static const char *force_lua =
 
 /*
  * Inspect.  KEYS: lock.  Returns {type, pttl, owner} for a lock of any
- * layout, {type} for anything else (rl_inspect_reply_valid): nothing of a
- * key that is not a lock leaves the server.  A lock has a TTL and is a
- * string holding an owner value (rl_is_lock_value: at most
- * RL_LOCK_VALUE_MAX bytes of letters, digits and "+-./:=@_"), or a hash
- * as Redisson's layouts write it (at most RL_LOCK_FIELDS_MAX fields, each
- * "<uuid>:<thread id>" or a writer's "<uuid>:<thread id>:write" holding a
- * positive count, or "mode" = "read" or "write", with writers exactly when
- * the mode is "write"); its owner is then the holder fields, a writer's
- * first.  A value is read only once its length is known to be small, and
- * a hash only once it has few fields: the script's work is bounded too.
+ * layout (lock_owners), {type} for anything else (rl_inspect_reply_valid):
+ * nothing of a key that is not a lock leaves the server.
  */
 static const char *inspect_lua =
-"local t = redis.call('type', KEYS[1])['ok']\n"
-"local p = redis.call('pttl', KEYS[1])\n"
-"if p < 0 then return {t} end\n"
-"if t == 'string' then\n"
-"  if redis.call('strlen', KEYS[1]) > " CppAsString2(RL_LOCK_VALUE_MAX) " then return {t} end\n"
-"  local v = redis.call('get', KEYS[1])\n"
-"  if not string.find(v, '^[0-9A-Za-z%+%-%./:=@_]+$') then return {t} end\n"
-"  return {t, p, v}\n"
-"end\n"
-"if t ~= 'hash' or redis.call('hlen', KEYS[1]) > " CppAsString2(RL_LOCK_FIELDS_MAX) " then\n"
-"  return {t}\n"
-"end\n"
-"local id = '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x:%-?(%d+)$'\n"
-"local kv = redis.call('hgetall', KEYS[1])\n"
-"local mode, writers, owners = nil, 0, {}\n"
-"for i = 1, #kv, 2 do\n"
-"  local f, v = kv[i], kv[i + 1]\n"
-"  if f == 'mode' then\n"
-"    if v ~= 'read' and v ~= 'write' then return {t} end\n"
-"    mode = v\n"
-"  else\n"
-"    local h, w = f, string.sub(f, -6) == ':write'\n"
-"    if w then h = string.sub(f, 1, -7) end\n"
-"    local tid = string.match(h, id)\n"
-"    if not tid or #tid > 19 or #v > 19 or not string.find(v, '^[1-9]%d*$') then\n"
-"      return {t}\n"
-"    end\n"
-"    if w then\n"
-"      writers = writers + 1\n"
-"      table.insert(owners, 1, f)\n"
-"    else\n"
-"      owners[#owners + 1] = f\n"
-"    end\n"
-"  end\n"
-"end\n"
-"if #owners == 0 or (writers > 0) ~= (mode == 'write') then return {t} end\n"
-"return {t, p, owners}\n";
+LOCK_OWNERS_LUA
+"local t, p, owner = lock_owners(KEYS[1])\n"
+"if not owner then return {t} end\n"
+"return {t, p, owner}\n";
 
 /*
  * Read-write locks: Redisson's RReadWriteLock layout

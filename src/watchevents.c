@@ -5,11 +5,15 @@
  *	  of the locks it renews: which held keys are subscribed, on which
  *	  nodes' subscriber connections, and turning a notification that a
  *	  held key is gone (deleted, expired, evicted) into a renewal due at
- *	  once (RLSlot.check_now).  Where the server sends no notifications
- *	  nothing arrives and renewals find losses as before, every lease/3;
- *	  the same for a notification that the server sends while the worker
- *	  waits for the confirmation of other subscriptions on its connection
- *	  (the transport skips it as a stale push).
+ *	  once (RLSlot.check_now).  At most RL_WATCH_KEYS_MAX keys, shared
+ *	  fairly between the roles that hold the locks (fair_shares), so that
+ *	  one role's many locks cannot leave another's unwatched; a lock
+ *	  without a watch has its loss found by its renewal.  Where the server
+ *	  sends no notifications nothing arrives and renewals find losses as
+ *	  before, every lease/3; the same for a notification that the server
+ *	  sends while the worker waits for the confirmation of other
+ *	  subscriptions on its connection (the transport skips it as a stale
+ *	  push).
  *
  *	  Must not: judge a lock lost (the renewal that follows does, with the
  *	  same compare as every renewal, so an event can only make a check
@@ -33,7 +37,10 @@
 /*
  * Keys a worker subscribes to at most; the locks beyond are checked only by
  * their renewals.  Each subscription costs the worker about 1 kB of local
- * memory and the server one channel.
+ * memory and the server one channel.  The roles whose locks want a watch
+ * share them (fair_shares): each gets as many as it wants up to an equal
+ * part, and what some leave unused is shared among the others, so no role
+ * can take every watch from another.
  */
 #define RL_WATCH_KEYS_MAX		4096
 
@@ -56,6 +63,15 @@
 
 /* "<target>:<key>": a key of one target */
 #define WATCH_HKEY_LEN			(RL_MAX_KEY_LEN + 16)
+
+/* The watches of one role's slots, in one pass over the registry */
+typedef struct RoleWatches
+{
+	Oid			roleid;			/* hash key: must be first */
+	int			wants;			/* its slots that want a watch */
+	int			share;			/* how many of them may have one */
+	int			kept;			/* how many have one so far */
+} RoleWatches;
 
 /* One subscribed key, held by one or more slots (read holds share a key) */
 typedef struct WatchedKey
@@ -133,48 +149,144 @@ unwatch_slot(int i, List **gone)
 		*gone = lappend(*gone, w);
 }
 
+/* Slot i (s) counts in the watched key of its target and key from now on */
+static void
+watch_slot(int i, RLSlot *s, List **gone)
+{
+	char		hkey[WATCH_HKEY_LEN];
+	WatchedKey *w;
+	bool		found;
+
+	snprintf(hkey, sizeof(hkey), "%d:%s", s->target, s->key);
+	w = hash_search(watched, hkey, HASH_ENTER, &found);
+	if (!found)
+	{
+		w->target = s->target;
+		w->refs = 0;
+		w->nsubs = 0;
+	}
+	else if (w->refs == 0)
+		*gone = list_delete_ptr(*gone, w);	/* let go and held again */
+	w->refs++;
+	watch_of[i] = w;
+	watch_gen[i] = s->generation;
+}
+
+static int
+by_wants(const void *a, const void *b)
+{
+	const RoleWatches *ra = *(RoleWatches *const *) a;
+	const RoleWatches *rb = *(RoleWatches *const *) b;
+
+	return (ra->wants > rb->wants) - (ra->wants < rb->wants);
+}
+
+/*
+ * Share RL_WATCH_KEYS_MAX among the roles of hash roles, fewest wants
+ * first: each gets what it wants up to an equal part of what is left, so
+ * a role that wants less than its part leaves the rest to the others.
+ */
+static void
+fair_shares(HTAB *roles)
+{
+	int			n = hash_get_num_entries(roles);
+	RoleWatches **order = palloc(sizeof(RoleWatches *) * Max(n, 1));
+	HASH_SEQ_STATUS seq;
+	RoleWatches *r;
+	int			left = RL_WATCH_KEYS_MAX;
+	int			k = 0;
+
+	hash_seq_init(&seq, roles);
+	while ((r = hash_seq_search(&seq)) != NULL)
+		order[k++] = r;
+	qsort(order, n, sizeof(RoleWatches *), by_wants);
+	for (k = 0; k < n; k++)
+	{
+		order[k]->share = Min(order[k]->wants, left / (n - k));
+		left -= order[k]->share;
+	}
+	pfree(order);
+}
+
+/* The entry of slot s's role in roles, made on first use */
+static RoleWatches *
+role_of(HTAB *roles, const RLSlot *s)
+{
+	bool		found;
+	RoleWatches *r = hash_search(roles, &s->roleid, HASH_ENTER, &found);
+
+	if (!found)
+		r->wants = r->share = r->kept = 0;
+	return r;
+}
+
 /*
  * Bring the set of watched keys in line with the slots: keys newly held are
- * added (unsubscribed yet), keys no longer held taken out (to unsubscribe:
- * returned in *gone, still in the hash).  One pass over the registry, its
- * lock held shared; names are copied only for keys newly held.
+ * added (unsubscribed yet), keys no longer held, or of a role over its
+ * share (fair_shares), taken out (to unsubscribe: returned in *gone, still
+ * in the hash).  Three passes over the registry, its lock held shared:
+ * what each slot wants, what stays watched, what is watched anew; names
+ * are copied only for keys newly held.
  */
 static void
 match_slots(RLLane lane, List **gone)
 {
 	TimestampTz held_since = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														 -RL_WATCH_AFTER_MS);
+	bool	   *wants = palloc(sizeof(bool) * Max(rl_shared->nslots, 1));
+	HASHCTL		ctl;
+	HTAB	   *roles;
 	int			i;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(RoleWatches);
+	ctl.hcxt = CurrentMemoryContext;
+	roles = hash_create("redis_lock watches per role", 16, &ctl,
+						HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 
 	LWLockAcquire(rl_shared->lock, LW_SHARED);
 	for (i = 0; i < rl_shared->nslots; i++)
 	{
 		RLSlot	   *s = &rl_shared->slots[i];
-		bool		wants = slot_wants_watch(s, lane, held_since);
-		char		hkey[WATCH_HKEY_LEN];
-		WatchedKey *w;
-		bool		found;
 
-		if (watch_of[i] != NULL && (!wants || watch_gen[i] != s->generation))
+		wants[i] = slot_wants_watch(s, lane, held_since);
+		if (watch_of[i] != NULL && (!wants[i] || watch_gen[i] != s->generation))
 			unwatch_slot(i, gone);
-		if (!wants || watch_of[i] != NULL ||
-			hash_get_num_entries(watched) >= RL_WATCH_KEYS_MAX)
+		if (wants[i])
+			role_of(roles, s)->wants++;
+	}
+	fair_shares(roles);
+	for (i = 0; i < rl_shared->nslots; i++)
+	{
+		RoleWatches *r;
+
+		if (watch_of[i] == NULL)
 			continue;
-		snprintf(hkey, sizeof(hkey), "%d:%s", s->target, s->key);
-		w = hash_search(watched, hkey, HASH_ENTER, &found);
-		if (!found)
-		{
-			w->target = s->target;
-			w->refs = 0;
-			w->nsubs = 0;
-		}
-		else if (w->refs == 0)
-			*gone = list_delete_ptr(*gone, w);	/* let go and held again */
-		w->refs++;
-		watch_of[i] = w;
-		watch_gen[i] = s->generation;
+		r = role_of(roles, &rl_shared->slots[i]);
+		if (r->kept < r->share)
+			r->kept++;
+		else
+			unwatch_slot(i, gone);
+	}
+	for (i = 0; i < rl_shared->nslots; i++)
+	{
+		RLSlot	   *s = &rl_shared->slots[i];
+		RoleWatches *r;
+
+		/* the keys in *gone leave the hash after this pass */
+		if (!wants[i] || watch_of[i] != NULL ||
+			hash_get_num_entries(watched) - list_length(*gone) >= RL_WATCH_KEYS_MAX)
+			continue;
+		r = role_of(roles, s);
+		if (r->kept >= r->share)
+			continue;
+		r->kept++;
+		watch_slot(i, s, gone);
 	}
 	LWLockRelease(rl_shared->lock);
+	hash_destroy(roles);
+	pfree(wants);
 }
 
 /* Is every subscription of w standing? */

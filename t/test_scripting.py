@@ -1215,16 +1215,18 @@ def test_redis84_delex_path_word_for_word(f84):
     # not ours: DELEX compares and deletes nothing
     assert s.run("SELECT redis_lock_acquire('k', ttl => '300ms') > 0")
     token = fake.strings[b"k"][0].decode()
-    fake.strings[b"k"] = [b"other", None]
+    fake.strings[b"k"] = [b"other", time.monotonic() + 30]
     n = len(fake.log)
     assert s.run("SELECT redis_lock_release('k')") is False
     assert fake.sent(n) == [["DELEX", "k", "IFEQ", token],
                             ["PUBLISH", "redis_lock:release:{k}", "0"]]
     assert fake.strings[b"k"][0] == b"other"
-    # force release: read the token, then delete if it still holds it
+    # force release: inspect as status does, then delete if it still holds
+    # the owner value seen
     n = len(fake.log)
     assert s.run("SELECT redis_lock_force_release('k')") is True
-    assert fake.sent(n) == [["MULTI"], ["TYPE", "k"], ["GET", "k"], ["EXEC"],
+    assert fake.sent(n) == [["MULTI"], ["TYPE", "k"], ["PTTL", "k"], ["GETRANGE", "k", "0", "128"],
+                            ["HRANDFIELD", "k", "65", "WITHVALUES"], ["EXEC"],
                             ["DELEX", "k", "IFEQ", "other"],
                             ["PUBLISH", "redis_lock:release:{k}", "0"]]
     assert b"k" not in fake.strings
@@ -1234,10 +1236,10 @@ def test_redis84_force_release_leaves_a_lock_that_changed_hands(f84):
     """Force release reads the token, then deletes the key if it still
     holds it: a lock taken over between the two round trips stays."""
     fake, s = f84
-    fake.strings[b"k"] = [b"first", None]
+    fake.strings[b"k"] = [b"first", time.monotonic() + 30]
 
     def hand_over():
-        fake.strings[b"k"] = [b"second", None]
+        fake.strings[b"k"] = [b"second", time.monotonic() + 30]
     fake.after_exec = hand_over
     assert s.run("SELECT redis_lock_force_release('k')") is False
     assert fake.strings[b"k"][0] == b"second"
