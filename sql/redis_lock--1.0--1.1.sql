@@ -3,18 +3,18 @@
 \echo Use "ALTER EXTENSION redis_lock UPDATE TO '1.1'" to load this file. \quit
 
 CREATE FUNCTION redis_lock_all_locks(OUT pid integer,
-                                     OUT dbid oid,
-                                     OUT lock_name text,
-                                     OUT scope text,
+                                     OUT dbid pg_catalog.oid,
+                                     OUT lock_name pg_catalog.text,
+                                     OUT scope pg_catalog.text,
                                      OUT hold_count integer,
                                      OUT fence bigint,
-                                     OUT acquired_at timestamptz,
-                                     OUT last_renewed_at timestamptz,
+                                     OUT acquired_at pg_catalog.timestamptz,
+                                     OUT last_renewed_at pg_catalog.timestamptz,
                                      OUT lease interval,
                                      OUT watchdog boolean,
                                      OUT lost boolean,
-                                     OUT redis_key text)
-RETURNS SETOF record
+                                     OUT redis_key pg_catalog.text)
+RETURNS SETOF pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_all_locks'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
@@ -23,10 +23,10 @@ CREATE VIEW redis_lock_locks AS
   SELECT l.pid, d.datname AS database, l.lock_name, l.scope, l.hold_count,
          l.fence, l.acquired_at, l.last_renewed_at, l.lease, l.watchdog,
          l.lost, l.redis_key
-  FROM redis_lock_all_locks() l
-  LEFT JOIN pg_catalog.pg_database d ON d.oid = l.dbid;
+  FROM @extschema@.redis_lock_all_locks() l
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) l.dbid;
 
-COMMENT ON VIEW redis_lock_locks IS
+COMMENT ON VIEW @extschema@.redis_lock_locks IS
 'Redis locks held by every backend (needs shared_preload_libraries; otherwise this session only)';
 
 CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
@@ -39,27 +39,27 @@ CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
                                  OUT reconnects bigint,
                                  OUT released bigint,
                                  OUT shared boolean)
-RETURNS record
+RETURNS pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_stats'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_stats() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_stats() IS
 'counters since server start (with preloading) or since session start';
 
 -- Fencing: the highest token accepted so far, per lock name
 CREATE TABLE redis_lock_fence_marks (
-    lock_name  text PRIMARY KEY,
+    lock_name  pg_catalog.text PRIMARY KEY,
     fence      bigint NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
-REVOKE ALL ON redis_lock_fence_marks FROM PUBLIC;
-GRANT SELECT ON redis_lock_fence_marks TO PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('redis_lock_fence_marks', '');
+REVOKE ALL ON @extschema@.redis_lock_fence_marks FROM PUBLIC;
+GRANT SELECT ON @extschema@.redis_lock_fence_marks TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.redis_lock_fence_marks', '');
 
 -- Accept a write carrying fencing token "fence" for lock "lock_name" only if
 -- no write with a higher token was accepted before; remember the token.
 -- Concurrent writers of one lock name queue on its row until commit.
-CREATE FUNCTION redis_lock_fence_check(lock_name text, fence bigint)
+CREATE FUNCTION redis_lock_fence_check(lock_name pg_catalog.text, fence bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -90,16 +90,16 @@ BEGIN
   RETURN accepted;
 END
 $$;
-REVOKE ALL ON FUNCTION redis_lock_fence_check(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.redis_lock_fence_check(pg_catalog.text, bigint) FROM PUBLIC;
 
-COMMENT ON FUNCTION redis_lock_fence_check(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_fence_check(pg_catalog.text, bigint) IS
 'reject a write whose fencing token is older than one already accepted for the lock';
 
 -- Trigger helper: BEFORE INSERT OR UPDATE ... FOR EACH ROW EXECUTE FUNCTION
 -- redis_lock_fence_guard('lock name'[, 'token column', default 'fence'])
 -- Whoever may write the table may advance its mark; nobody else may.
 CREATE FUNCTION redis_lock_fence_guard()
-RETURNS trigger
+RETURNS pg_catalog.trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -126,5 +126,5 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION redis_lock_fence_guard() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_fence_guard() IS
 'trigger: reject rows whose fencing token is older than one already accepted';

@@ -6,7 +6,7 @@
 -- through redis_lock--1.0--1.1.sql and redis_lock--1.1--1.2.sql; the test
 -- suite compares the two (t/test_upgrade.py).
 
-CREATE FUNCTION redis_lock_acquire(lock_name text,
+CREATE FUNCTION redis_lock_acquire(lock_name pg_catalog.text,
                                    ttl interval DEFAULT NULL,
                                    wait interval DEFAULT NULL,
                                    xact boolean DEFAULT false)
@@ -14,10 +14,10 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'redis_lock_acquire'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_acquire(text, interval, interval, boolean) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_acquire(pg_catalog.text, interval, interval, boolean) IS
 'take a Redis lock, waiting up to wait; returns its fencing token';
 
-CREATE FUNCTION redis_lock_try_acquire(lock_name text,
+CREATE FUNCTION redis_lock_try_acquire(lock_name pg_catalog.text,
                                        ttl interval DEFAULT NULL,
                                        wait interval DEFAULT '0',
                                        xact boolean DEFAULT false)
@@ -25,15 +25,15 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_try_acquire'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_try_acquire(text, interval, interval, boolean) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_try_acquire(pg_catalog.text, interval, interval, boolean) IS
 'take a Redis lock if it can be had within wait; false otherwise';
 
-CREATE FUNCTION redis_lock_release(lock_name text)
+CREATE FUNCTION redis_lock_release(lock_name pg_catalog.text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_release(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_release(pg_catalog.text) IS
 'drop one session-scoped hold of a Redis lock';
 
 CREATE FUNCTION redis_lock_release_all()
@@ -41,92 +41,92 @@ RETURNS integer
 AS 'MODULE_PATHNAME', 'redis_lock_release_all'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_release_all() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_release_all() IS
 'release every session-scoped Redis lock of this session';
 
-CREATE FUNCTION redis_lock_with_lock(lock_name text,
-                                     query text,
+CREATE FUNCTION redis_lock_with_lock(lock_name pg_catalog.text,
+                                     query pg_catalog.text,
                                      ttl interval DEFAULT NULL,
                                      wait interval DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'redis_lock_with_lock'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_with_lock(text, text, interval, interval) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_with_lock(pg_catalog.text, pg_catalog.text, interval, interval) IS
 'run query while holding a Redis lock; returns rows processed';
 
-CREATE FUNCTION redis_lock_extend(lock_name text, ttl interval)
+CREATE FUNCTION redis_lock_extend(lock_name pg_catalog.text, ttl interval)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_extend'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_extend(text, interval) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_extend(pg_catalog.text, interval) IS
 'reset the lease of a held Redis lock';
 
-CREATE FUNCTION redis_lock_fence(lock_name text)
+CREATE FUNCTION redis_lock_fence(lock_name pg_catalog.text)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'redis_lock_fence'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_fence(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_fence(pg_catalog.text) IS
 'fencing token of a Redis lock this session holds, NULL if not held';
 
-CREATE FUNCTION redis_lock_status(lock_name text,
+CREATE FUNCTION redis_lock_status(lock_name pg_catalog.text,
                                   OUT locked boolean,
                                   OUT held_by_me boolean,
                                   OUT ttl interval,
-                                  OUT owner text,
-                                  OUT redis_key text,
-                                  OUT redis_type text)
-RETURNS record
+                                  OUT owner pg_catalog.text,
+                                  OUT redis_key pg_catalog.text,
+                                  OUT redis_type pg_catalog.text)
+RETURNS pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_status'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_status(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_status(pg_catalog.text) IS
 'what Redis says about a lock right now';
 
-CREATE FUNCTION redis_lock_force_release(lock_name text)
+CREATE FUNCTION redis_lock_force_release(lock_name pg_catalog.text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_force_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_force_release(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_force_release(pg_catalog.text) IS
 'administrative: delete a Redis lock whoever holds it and wake its waiters';
 
-REVOKE EXECUTE ON FUNCTION redis_lock_force_release(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_lock_force_release(pg_catalog.text) FROM PUBLIC;
 
-CREATE FUNCTION redis_lock_held(OUT lock_name text,
-                                OUT scope text,
+CREATE FUNCTION redis_lock_held(OUT lock_name pg_catalog.text,
+                                OUT scope pg_catalog.text,
                                 OUT hold_count integer,
                                 OUT fence bigint,
-                                OUT acquired_at timestamptz,
+                                OUT acquired_at pg_catalog.timestamptz,
                                 OUT lease interval,
                                 OUT watchdog boolean,
                                 OUT lost boolean,
-                                OUT redis_key text,
-                                OUT protocol text,
-                                OUT mode text)
-RETURNS SETOF record
+                                OUT redis_key pg_catalog.text,
+                                OUT protocol pg_catalog.text,
+                                OUT mode pg_catalog.text)
+RETURNS SETOF pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_held'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_held() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_held() IS
 'Redis locks held by this session, one row per lock, mode and scope';
 
 CREATE FUNCTION redis_lock_all_locks(OUT pid integer,
-                                     OUT dbid oid,
-                                     OUT lock_name text,
-                                     OUT scope text,
+                                     OUT dbid pg_catalog.oid,
+                                     OUT lock_name pg_catalog.text,
+                                     OUT scope pg_catalog.text,
                                      OUT hold_count integer,
                                      OUT fence bigint,
-                                     OUT acquired_at timestamptz,
-                                     OUT last_renewed_at timestamptz,
+                                     OUT acquired_at pg_catalog.timestamptz,
+                                     OUT last_renewed_at pg_catalog.timestamptz,
                                      OUT lease interval,
                                      OUT watchdog boolean,
                                      OUT lost boolean,
-                                     OUT redis_key text,
-                                     OUT mode text)
-RETURNS SETOF record
+                                     OUT redis_key pg_catalog.text,
+                                     OUT mode pg_catalog.text)
+RETURNS SETOF pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_all_locks'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
@@ -134,14 +134,14 @@ CREATE VIEW redis_lock_locks AS
   SELECT l.pid, d.datname AS database, l.lock_name, l.mode, l.scope,
          l.hold_count, l.fence, l.acquired_at, l.last_renewed_at, l.lease,
          l.watchdog, l.lost, l.redis_key
-  FROM redis_lock_all_locks() l
-  LEFT JOIN pg_catalog.pg_database d ON d.oid = l.dbid;
+  FROM @extschema@.redis_lock_all_locks() l
+  LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) l.dbid;
 
-COMMENT ON VIEW redis_lock_locks IS
+COMMENT ON VIEW @extschema@.redis_lock_locks IS
 'Redis locks held by every backend (needs shared_preload_libraries; otherwise this session only)';
 
 -- monitoring roles may read it, as they read pg_locks
-GRANT SELECT ON redis_lock_locks TO pg_monitor;
+GRANT SELECT ON @extschema@.redis_lock_locks TO pg_monitor;
 
 CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
                                  OUT failed bigint,
@@ -153,34 +153,34 @@ CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
                                  OUT reconnects bigint,
                                  OUT released bigint,
                                  OUT shared boolean)
-RETURNS record
+RETURNS pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_stats'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_stats() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_stats() IS
 'counters since server start (with preloading) or since session start';
 
 -- Fencing: the highest token accepted so far per protected table (0: none,
 -- for redis_lock_fence_check), Redis key prefix and lock name
 CREATE TABLE redis_lock_fence_marks (
-    lock_name       text NOT NULL,
+    lock_name       pg_catalog.text NOT NULL,
     fence           bigint NOT NULL,
-    updated_at      timestamptz NOT NULL DEFAULT now(),
-    protected_table regclass NOT NULL DEFAULT 0,
-    key_prefix      text NOT NULL DEFAULT '',
+    updated_at      pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    protected_table pg_catalog.regclass NOT NULL DEFAULT 0,
+    key_prefix      pg_catalog.text NOT NULL DEFAULT '',
     CONSTRAINT redis_lock_fence_marks_pkey
       PRIMARY KEY (protected_table, key_prefix, lock_name)
 );
-REVOKE ALL ON redis_lock_fence_marks FROM PUBLIC;
-GRANT SELECT ON redis_lock_fence_marks TO PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('redis_lock_fence_marks', '');
+REVOKE ALL ON @extschema@.redis_lock_fence_marks FROM PUBLIC;
+GRANT SELECT ON @extschema@.redis_lock_fence_marks TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.redis_lock_fence_marks', '');
 
-COMMENT ON TABLE redis_lock_fence_marks IS
+COMMENT ON TABLE @extschema@.redis_lock_fence_marks IS
 'highest fencing token accepted per protected table (0: redis_lock_fence_check), key prefix and lock name';
 
 -- The one place a mark advances.  Not executable by PUBLIC.
-CREATE FUNCTION redis_lock_fence_advance(protected_table regclass,
-                                         lock_name text, fence bigint)
+CREATE FUNCTION redis_lock_fence_advance(protected_table pg_catalog.regclass,
+                                         lock_name pg_catalog.text, fence bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -213,19 +213,19 @@ BEGIN
   RETURN accepted;
 END
 $$;
-REVOKE ALL ON FUNCTION redis_lock_fence_advance(regclass, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.redis_lock_fence_advance(pg_catalog.regclass, pg_catalog.text, bigint) FROM PUBLIC;
 
-COMMENT ON FUNCTION redis_lock_fence_advance(regclass, text, bigint) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_fence_advance(pg_catalog.regclass, pg_catalog.text, bigint) IS
 'advance the fence mark of a protected table (0: none) for the caller''s key prefix and a lock name';
 
-CREATE FUNCTION redis_lock_fence_check(lock_name text, fence bigint)
+CREATE FUNCTION redis_lock_fence_check(lock_name pg_catalog.text, fence bigint)
 RETURNS bigint
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT @extschema@.redis_lock_fence_advance(0, $1, $2) $$;
-REVOKE ALL ON FUNCTION redis_lock_fence_check(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.redis_lock_fence_check(pg_catalog.text, bigint) FROM PUBLIC;
 
-COMMENT ON FUNCTION redis_lock_fence_check(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_fence_check(pg_catalog.text, bigint) IS
 'reject a write whose fencing token is older than one already accepted for the lock';
 
 -- Trigger helper: BEFORE INSERT OR UPDATE ... FOR EACH ROW EXECUTE FUNCTION
@@ -233,7 +233,7 @@ COMMENT ON FUNCTION redis_lock_fence_check(text, bigint) IS
 -- Whoever may write the table may advance the table's own mark; a trigger on
 -- another table advances that table's mark, never this one's.
 CREATE FUNCTION redis_lock_fence_guard()
-RETURNS trigger
+RETURNS pg_catalog.trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -262,13 +262,13 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION redis_lock_fence_guard() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_fence_guard() IS
 'trigger: reject rows whose fencing token is older than one already accepted';
 
 -- A dropped table's marks go with it: its OID may be reused by a new table,
 -- which must not inherit them.
 CREATE FUNCTION redis_lock_fence_marks_forget_dropped()
-RETURNS event_trigger
+RETURNS pg_catalog.event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -279,15 +279,15 @@ BEGIN
     AND m.protected_table::oid = d.objid;
 END
 $$;
-REVOKE ALL ON FUNCTION redis_lock_fence_marks_forget_dropped() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.redis_lock_fence_marks_forget_dropped() FROM PUBLIC;
 
 CREATE EVENT TRIGGER redis_lock_fence_marks_drop ON sql_drop
   WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
-  EXECUTE FUNCTION redis_lock_fence_marks_forget_dropped();
+  EXECUTE FUNCTION @extschema@.redis_lock_fence_marks_forget_dropped();
 
 -- Read-write locks: shared and exclusive holds of one name, on Redisson's
 -- RReadWriteLock layout whatever redis_lock.protocol says.
-CREATE FUNCTION redis_lock_acquire_read(lock_name text,
+CREATE FUNCTION redis_lock_acquire_read(lock_name pg_catalog.text,
                                         ttl interval DEFAULT NULL,
                                         wait interval DEFAULT NULL,
                                         xact boolean DEFAULT false)
@@ -295,10 +295,10 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_acquire_read'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_acquire_read(text, interval, interval, boolean) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_acquire_read(pg_catalog.text, interval, interval, boolean) IS
 'take a shared (read) hold of a Redis read-write lock, waiting up to wait; 55P03 when not obtained';
 
-CREATE FUNCTION redis_lock_try_acquire_read(lock_name text,
+CREATE FUNCTION redis_lock_try_acquire_read(lock_name pg_catalog.text,
                                             ttl interval DEFAULT NULL,
                                             wait interval DEFAULT '0',
                                             xact boolean DEFAULT false)
@@ -306,18 +306,18 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_try_acquire_read'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_try_acquire_read(text, interval, interval, boolean) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_try_acquire_read(pg_catalog.text, interval, interval, boolean) IS
 'take a shared (read) hold of a Redis read-write lock if it can be had within wait';
 
-CREATE FUNCTION redis_lock_release_read(lock_name text)
+CREATE FUNCTION redis_lock_release_read(lock_name pg_catalog.text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_release_read'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_release_read(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_release_read(pg_catalog.text) IS
 'drop one session-scoped shared (read) hold of a Redis read-write lock';
 
-CREATE FUNCTION redis_lock_acquire_write(lock_name text,
+CREATE FUNCTION redis_lock_acquire_write(lock_name pg_catalog.text,
                                          ttl interval DEFAULT NULL,
                                          wait interval DEFAULT NULL,
                                          xact boolean DEFAULT false)
@@ -325,10 +325,10 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_acquire_write'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_acquire_write(text, interval, interval, boolean) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_acquire_write(pg_catalog.text, interval, interval, boolean) IS
 'take the exclusive (write) hold of a Redis read-write lock, waiting up to wait; 55P03 when not obtained';
 
-CREATE FUNCTION redis_lock_try_acquire_write(lock_name text,
+CREATE FUNCTION redis_lock_try_acquire_write(lock_name pg_catalog.text,
                                              ttl interval DEFAULT NULL,
                                              wait interval DEFAULT '0',
                                              xact boolean DEFAULT false)
@@ -336,13 +336,13 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_try_acquire_write'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_try_acquire_write(text, interval, interval, boolean) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_try_acquire_write(pg_catalog.text, interval, interval, boolean) IS
 'take the exclusive (write) hold of a Redis read-write lock if it can be had within wait';
 
-CREATE FUNCTION redis_lock_release_write(lock_name text)
+CREATE FUNCTION redis_lock_release_write(lock_name pg_catalog.text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_release_write'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_release_write(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_release_write(pg_catalog.text) IS
 'drop one session-scoped exclusive (write) hold of a Redis read-write lock';

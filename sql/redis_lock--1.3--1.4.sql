@@ -11,26 +11,37 @@
 -- CREATE OR REPLACE keeps the function's OID, so existing triggers use the
 -- new body at once; it also drops SECURITY DEFINER and the SET clause.
 CREATE OR REPLACE FUNCTION redis_lock_fence_guard()
-RETURNS trigger
+RETURNS pg_catalog.trigger
 AS 'MODULE_PATHNAME', 'redis_lock_fence_guard'
 LANGUAGE C VOLATILE;
 
+-- redis_lock_fence_check() called redis_lock_fence_advance(0, ...) with an
+-- integer where the function takes a regclass: a function of that name
+-- taking an integer, which any role that may create in the extension's
+-- schema could add, was the better match and ran with the owner's rights.
+-- The argument now has the exact type.
+CREATE OR REPLACE FUNCTION redis_lock_fence_check(lock_name pg_catalog.text, fence bigint)
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.redis_lock_fence_advance(0::pg_catalog.regclass, $1, $2) $$;
+
 -- The function behind redis_lock_locks was executable by PUBLIC while the
 -- view was granted to pg_monitor only: both are for monitoring roles now.
-REVOKE EXECUTE ON FUNCTION redis_lock_all_locks() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION redis_lock_all_locks() TO pg_monitor;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_lock_all_locks() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.redis_lock_all_locks() TO pg_monitor;
 
 -- A lost lock stops the work it protected (issue 34): a check without a
 -- round trip, and the count of statements failed because of a loss.
-CREATE FUNCTION redis_lock_check(lock_name text)
+CREATE FUNCTION redis_lock_check(lock_name pg_catalog.text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_lock_check'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_check(text) IS
+COMMENT ON FUNCTION @extschema@.redis_lock_check(pg_catalog.text) IS
 'true while this session holds the Redis lock and it was not found lost; an error (40001) once it was; no round trip';
 
-DROP FUNCTION redis_lock_stats();
+DROP FUNCTION @extschema@.redis_lock_stats();
 CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
                                  OUT failed bigint,
                                  OUT timed_out bigint,
@@ -42,16 +53,16 @@ CREATE FUNCTION redis_lock_stats(OUT acquired bigint,
                                  OUT released bigint,
                                  OUT shared boolean,
                                  OUT interrupted bigint)
-RETURNS record
+RETURNS pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_lock_stats'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_lock_stats() IS
+COMMENT ON FUNCTION @extschema@.redis_lock_stats() IS
 'counters since server start (with preloading) or since session start';
 
 -- Semaphores shared with services (issue 36, doc/semaphores.md): at most N
 -- permits taken at once across SQL and Redisson / redis-semaphore clients.
-CREATE FUNCTION redis_semaphore_acquire(semaphore_name text,
+CREATE FUNCTION redis_semaphore_acquire(semaphore_name pg_catalog.text,
                                         permits integer DEFAULT 1,
                                         ttl interval DEFAULT NULL,
                                         wait interval DEFAULT NULL,
@@ -61,10 +72,10 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_semaphore_acquire'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphore_acquire(text, integer, interval, interval, boolean, integer) IS
+COMMENT ON FUNCTION @extschema@.redis_semaphore_acquire(pg_catalog.text, integer, interval, interval, boolean, integer) IS
 'take permits of a Redis semaphore, waiting up to wait; 55P03 when not obtained';
 
-CREATE FUNCTION redis_semaphore_try_acquire(semaphore_name text,
+CREATE FUNCTION redis_semaphore_try_acquire(semaphore_name pg_catalog.text,
                                             permits integer DEFAULT 1,
                                             ttl interval DEFAULT NULL,
                                             wait interval DEFAULT '0',
@@ -74,64 +85,64 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_semaphore_try_acquire'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphore_try_acquire(text, integer, interval, interval, boolean, integer) IS
+COMMENT ON FUNCTION @extschema@.redis_semaphore_try_acquire(pg_catalog.text, integer, interval, interval, boolean, integer) IS
 'take permits of a Redis semaphore if they can be had within wait';
 
-CREATE FUNCTION redis_semaphore_release(semaphore_name text)
+CREATE FUNCTION redis_semaphore_release(semaphore_name pg_catalog.text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_semaphore_release'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphore_release(text) IS
+COMMENT ON FUNCTION @extschema@.redis_semaphore_release(pg_catalog.text) IS
 'give back this session''s session-scoped permits of a Redis semaphore';
 
-CREATE FUNCTION redis_semaphore_extend(semaphore_name text,
+CREATE FUNCTION redis_semaphore_extend(semaphore_name pg_catalog.text,
                                        ttl interval DEFAULT NULL)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_semaphore_extend'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphore_extend(text, interval) IS
+COMMENT ON FUNCTION @extschema@.redis_semaphore_extend(pg_catalog.text, interval) IS
 'restart the lease of this session''s permits of a Redis semaphore';
 
-CREATE FUNCTION redis_semaphores_held(OUT semaphore_name text,
-                                      OUT scope text,
+CREATE FUNCTION redis_semaphores_held(OUT semaphore_name pg_catalog.text,
+                                      OUT scope pg_catalog.text,
                                       OUT permits integer,
-                                      OUT permit_ids text[],
-                                      OUT acquired_at timestamptz,
+                                      OUT permit_ids pg_catalog.text[],
+                                      OUT acquired_at pg_catalog.timestamptz,
                                       OUT lease interval,
                                       OUT watchdog boolean,
                                       OUT lost boolean,
-                                      OUT redis_key text,
-                                      OUT protocol text)
-RETURNS SETOF record
+                                      OUT redis_key pg_catalog.text,
+                                      OUT protocol pg_catalog.text)
+RETURNS SETOF pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_semaphores_held'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphores_held() IS
+COMMENT ON FUNCTION @extschema@.redis_semaphores_held() IS
 'the Redis semaphore permits this session holds';
 
-CREATE FUNCTION redis_semaphore_status(semaphore_name text,
+CREATE FUNCTION redis_semaphore_status(semaphore_name pg_catalog.text,
                                        max_permits integer DEFAULT NULL,
                                        ttl interval DEFAULT NULL,
                                        OUT initialized boolean,
                                        OUT available bigint,
                                        OUT taken bigint,
                                        OUT held_by_me integer,
-                                       OUT redis_key text)
-RETURNS record
+                                       OUT redis_key pg_catalog.text)
+RETURNS pg_catalog.record
 AS 'MODULE_PATHNAME', 'redis_semaphore_status'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphore_status(text, integer, interval) IS
+COMMENT ON FUNCTION @extschema@.redis_semaphore_status(pg_catalog.text, integer, interval) IS
 'what Redis says of a semaphore now: whether it exists, permits available and taken';
 
-CREATE FUNCTION redis_semaphore_init(semaphore_name text, permits integer)
+CREATE FUNCTION redis_semaphore_init(semaphore_name pg_catalog.text, permits integer)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'redis_semaphore_init'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-COMMENT ON FUNCTION redis_semaphore_init(text, integer) IS
+COMMENT ON FUNCTION @extschema@.redis_semaphore_init(pg_catalog.text, integer) IS
 'administrative: give a Redisson semaphore its permits if it has none yet (trySetPermits)';
 
 -- A semaphore's key is a plain integer (Redisson) or sorted set
@@ -141,7 +152,7 @@ COMMENT ON FUNCTION redis_semaphore_init(text, integer) IS
 -- the roles whose key prefix holds semaphores (doc/security.md); releasing,
 -- extending and listing act only on the session's own permits.  Whoever sets
 -- a semaphore's permits first sets the limit of every application sharing it.
-REVOKE EXECUTE ON FUNCTION redis_semaphore_acquire(text, integer, interval, interval, boolean, integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION redis_semaphore_try_acquire(text, integer, interval, interval, boolean, integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION redis_semaphore_status(text, integer, interval) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION redis_semaphore_init(text, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_acquire(pg_catalog.text, integer, interval, interval, boolean, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_try_acquire(pg_catalog.text, integer, interval, interval, boolean, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_status(pg_catalog.text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_init(pg_catalog.text, integer) FROM PUBLIC;

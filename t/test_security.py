@@ -2306,6 +2306,461 @@ def test_the_worker_signals_no_process_that_let_the_lost_lock_go(pg_stop_before_
         for w in workers:
             os.kill(w, signal.SIGCONT)
         a.close()
+
+
+# ============================================================================
+# Issue 42 item 1: no install or upgrade path runs a role's code
+# ============================================================================
+# CREATE EXTENSION and ALTER EXTENSION UPDATE run the scripts in sql/ as the
+# superuser with search_path = the extension's schema, pg_temp (pg_catalog
+# implicitly first).  Before PostgreSQL 15 every role may create in public,
+# the extension's schema, and elsewhere whoever was granted CREATE there: a
+# name a script resolves by search path can be answered from there whenever
+# pg_catalog has no exact match.  1.1 -> 1.2 compared an oid with a
+# regprocedure, which an operator public.=(oid, regprocedure) matches better
+# than pg_catalog's; redis_lock_fence_check() (SECURITY DEFINER) passed an
+# integer where redis_lock_fence_advance() takes a regclass.
+#
+# A role with LOGIN only (and CREATE on public, as on 13 and 14) plants
+# look-alikes of everything the scripts use, each of which records that it
+# ran (a row, a WARNING that outlives a rollback, and an attempt to make the
+# role superuser).  In public: operators of every name the scripts use
+# between the types they compare or compute with, and functions of every
+# name they call with one argument of another type, and VARIADIC ones.  In
+# the pg_temp of the session that then installs and updates (the role
+# creates them there after SET ROLE): domains named like pg_catalog's types,
+# with a CHECK, and casts to them; composite types named record, trigger and
+# event_trigger; tables and views named like the extension's and like the
+# catalogs the scripts read; functions named like the extension's.  Then
+# the superuser installs each version and updates step by step to 1.4, over
+# a guarded table, a guarded partitioned one, marks, and key prefixes set
+# per role and per database, so that the data migration of 1.1 -> 1.2 works
+# on rows; and uses the fence functions and the event trigger once in that
+# session.  Nothing planted may run, and nothing of the extension may depend
+# on anything outside pg_catalog and the extension.
+
+PLANTER = "rl_planter"
+PLANT_TEMPLATE = "rl_planted"
+SQL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sql")
+
+# every type the scripts compare, compute with or pass to a function
+PLANT_TYPES = ["oid", "regclass", "regproc", "regprocedure", "regtype", "text", "name",
+               "bytea", "int2", "int4", "int8", "bool", "timestamptz", "jsonb", '"char"']
+# every operator the scripts use (LIKE is ~~), and the comparisons beside them
+PLANT_OPERATORS = ["=", "<>", "<", "<=", ">", ">=", "+", "-", "~~", "?", "->>", "||"]
+# what the update reads from pg_catalog: a temporary view of each name
+READ_CATALOGS = ["pg_trigger", "pg_db_role_setting", "pg_database", "pg_class",
+                 "pg_proc", "pg_namespace", "pg_extension", "pg_depend"]
+UPDATE_STEPS = ["1.0", "1.1", "1.2", "1.3", "1.4"]
+
+
+def script_text():
+    return "\n".join(open(os.path.join(SQL_DIR, f)).read()
+                     for f in sorted(os.listdir(SQL_DIR)) if f.endswith(".sql"))
+
+
+def script_code():
+    """The scripts without comments, string literals and @extschema@."""
+    s = re.sub(r"--[^\n]*|/\*.*?\*/", " ", script_text(), flags=re.S)
+    s = re.sub(r"'(?:[^']|'')*'", "''", s)
+    return s.replace("@extschema@.", "").replace("::", " ")
+
+
+def test_the_planted_operators_cover_every_operator_the_scripts_use():
+    used = set(re.findall(r"[=<>!~+\-*/%^&|#?]+", script_code()))
+    assert "=" in used
+    assert used <= set(PLANT_OPERATORS), used - set(PLANT_OPERATORS)
+
+
+SPY = """
+CREATE TABLE public.rl_spied (what pg_catalog.text, by_role pg_catalog.name DEFAULT current_user);
+CREATE FUNCTION public.rl_spy(what pg_catalog.text) RETURNS pg_catalog.bool
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO public.rl_spied (what) VALUES (what);
+  RAISE WARNING 'rl_spy: % ran as %', what, current_user;
+  BEGIN
+    EXECUTE 'ALTER ROLE {role} SUPERUSER';
+  EXCEPTION WHEN insufficient_privilege THEN NULL;
+  END;
+  RETURN true;
+END $$;
+CREATE FUNCTION public.rl_spy_trigger() RETURNS pg_catalog.trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM public.rl_spy('trigger on pg_temp.' || TG_TABLE_NAME);
+  RETURN NULL;
+END $$;
+-- runs each statement, skips those PostgreSQL refuses; returns how many ran
+CREATE FUNCTION public.rl_plant(stmts pg_catalog.text[]) RETURNS pg_catalog.int4
+LANGUAGE plpgsql AS $$
+DECLARE
+  s pg_catalog.text;
+  n pg_catalog.int4 := 0;
+BEGIN
+  FOREACH s IN ARRAY stmts LOOP
+    BEGIN
+      EXECUTE s;
+      n := n + 1;
+    EXCEPTION WHEN OTHERS THEN NULL;
+    END;
+  END LOOP;
+  RETURN n;
+END $$;
+""".format(role=PLANTER)
+
+
+def plpgsql_spy(name, args, ret, label):
+    """A function name(args) returning ret that records label when it runs."""
+    result = "" if ret.startswith("SETOF") or ret == "pg_catalog.void" else " NULL"
+    return ("CREATE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql AS "
+            "$p$BEGIN PERFORM public.rl_spy(%s); RETURN%s; END$p$"
+            % (name, ", ".join(args), ret, "'" + label.replace("'", "''") + "'", result))
+
+
+def operator_plants(existing):
+    """An operator public.op(l, r) for every name and pair of types that
+    pg_catalog has no exact operator for."""
+    stmts, n = [], 0
+    for op in PLANT_OPERATORS:
+        for left in PLANT_TYPES:
+            for right in PLANT_TYPES:
+                if (op, left.strip('"'), right.strip('"')) in existing:
+                    continue
+                n += 1
+                ret = ("pg_catalog." + left if op in "+-" else
+                       "pg_catalog.text" if op in ("->>", "||") else "pg_catalog.bool")
+                fn = "public.rl_op_%d" % n
+                stmts.append(plpgsql_spy(fn, ["pg_catalog." + left, "pg_catalog." + right], ret,
+                                         "operator %s(%s, %s)" % (op, left, right)))
+                stmts.append("CREATE OPERATOR public.%s (LEFTARG = pg_catalog.%s, "
+                             "RIGHTARG = pg_catalog.%s, FUNCTION = %s)" % (op, left, right, fn))
+    return stmts
+
+
+POLYMORPHIC = {"anyelement", "anyarray", "anynonarray", "anyenum", "anyrange",
+               "anycompatible", "anycompatiblearray", "anycompatiblenonarray",
+               "anycompatiblerange"}
+
+
+def function_plants(signatures):
+    """For each (name, [argument types], result type, returns a set) the
+    scripts call, public.name with one argument of another type, for every
+    type and position, and VARIADIC ones; none with the exact signature of a
+    function of pg_catalog or of the extension."""
+    taken = {(name, tuple(args)) for name, args, _, _ in signatures}
+    stmts, made = [], set()
+
+    def add(name, args, ret, setof, variadic=None):
+        key = (name, tuple(args + [variadic] if variadic else args))
+        if key in taken or key in made:
+            return
+        made.add(key)
+        if ret.strip('"') in POLYMORPHIC | {"record", "trigger", "event_trigger", "any"} and not (
+                variadic or POLYMORPHIC & set(args)):
+            ret = "text"
+        decl = ["pg_catalog." + a for a in args]
+        if variadic:
+            decl.append("VARIADIC pg_catalog." + variadic)
+        stmts.append(plpgsql_spy("public." + name, decl,
+                                 ("SETOF " if setof else "") + "pg_catalog." + ret,
+                                 "function %s(%s)" % (name, ", ".join(decl))))
+
+    for name, args, ret, setof in signatures:
+        args = ["text" if a in ('"any"', "cstring", "internal") else a for a in args]
+        for i in range(len(args)):
+            for t in PLANT_TYPES:
+                add(name, args[:i] + [t] + args[i + 1:], ret, setof)
+        add(name, [], "anycompatible", setof, "anycompatiblearray")
+        add(name, [], ret, setof, "_text")
+        if args:
+            add(name, args[:1], "anycompatible", setof, "anycompatiblearray")
+    return stmts
+
+
+SIGNATURES = """
+SELECT p.proname,
+       ARRAY(SELECT pg_catalog.quote_ident(t.typname)
+             FROM pg_catalog.unnest(p.proargtypes) WITH ORDINALITY a(typ, i)
+             JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.typ ORDER BY a.i),
+       (SELECT pg_catalog.quote_ident(t.typname) FROM pg_catalog.pg_type t
+        WHERE t.oid OPERATOR(pg_catalog.=) p.prorettype),
+       p.proretset
+FROM pg_catalog.pg_proc p
+WHERE p.proname OPERATOR(pg_catalog.=) ANY (%s) AND p.prokind OPERATOR(pg_catalog.=) 'f'
+  AND p.pronargs OPERATOR(pg_catalog.<=) 4
+  AND p.pronamespace OPERATOR(pg_catalog.=) ANY (ARRAY['pg_catalog'::pg_catalog.regnamespace,
+                                                       'public'::pg_catalog.regnamespace])
+"""
+
+
+def temp_plants(ext_signatures):
+    """What the role leaves in the pg_temp of a session that will then run
+    CREATE or ALTER EXTENSION: statements to run there after SET ROLE."""
+    stmts = []
+    for t in PLANT_TYPES:
+        stmts.append("CREATE DOMAIN pg_temp.%s AS pg_catalog.%s CHECK (public.rl_spy('domain pg_temp.%s'))"
+                     % (t, t, t.strip('"')))
+        for src in ("int4", "text"):
+            fn = "pg_temp.rl_cast_%s_%s" % (src, t.strip('"'))
+            stmts.append(plpgsql_spy(fn, ["pg_catalog." + src], "pg_temp." + t,
+                                     "cast %s -> pg_temp.%s" % (src, t)))
+            stmts.append("CREATE CAST (pg_catalog.%s AS pg_temp.%s) WITH FUNCTION %s(pg_catalog.%s) "
+                         "AS IMPLICIT" % (src, t, fn, src))
+    for pseudo in ("record", "trigger", "event_trigger"):
+        stmts.append('CREATE TEMP TABLE "%s" (spied pg_catalog.bool DEFAULT public.rl_spy(\'%s\'))'
+                     % (pseudo, "temp composite type " + pseudo))
+    # the extension's own tables and views, with a row and triggers
+    stmts += [
+        "CREATE TEMP TABLE redis_lock_fence_marks (lock_name pg_catalog.text, fence pg_catalog.int8 "
+        "NOT NULL, updated_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), "
+        "CONSTRAINT redis_lock_fence_marks_pkey PRIMARY KEY (lock_name))",
+        "INSERT INTO pg_temp.redis_lock_fence_marks (lock_name, fence) VALUES ('orders', 1)",
+        "CREATE TRIGGER spy_row AFTER INSERT OR UPDATE OR DELETE ON pg_temp.redis_lock_fence_marks "
+        "FOR EACH ROW EXECUTE FUNCTION public.rl_spy_trigger()",
+        "CREATE TRIGGER spy_stmt AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
+        "ON pg_temp.redis_lock_fence_marks FOR EACH STATEMENT EXECUTE FUNCTION public.rl_spy_trigger()",
+        "CREATE TEMP VIEW redis_lock_locks AS SELECT public.rl_spy('temp view redis_lock_locks') AS spied",
+    ]
+    for cat in READ_CATALOGS:
+        stmts.append("CREATE TEMP VIEW %s AS SELECT * FROM pg_catalog.%s WHERE public.rl_spy('temp view %s')"
+                     % (cat, cat, cat))
+    for name, args, ret, setof in ext_signatures:
+        if ret not in ("trigger", "event_trigger") and "record" not in ret:
+            stmts.append(plpgsql_spy("pg_temp." + name, ["pg_catalog." + a for a in args],
+                                     ("SETOF " if setof else "") + "pg_catalog." + ret,
+                                     "temp function %s(%s)" % (name, ", ".join(args))))
+    return stmts
+
+
+@pytest.fixture(scope="module")
+def planted(pg):
+    """A template database whose public schema holds the role's look-alikes;
+    returns what the role plants in a session's pg_temp."""
+    admin = pg.connect()
+    with admin.cursor() as cur:
+        cur.execute("DROP DATABASE IF EXISTS " + PLANT_TEMPLATE)
+        cur.execute("CREATE DATABASE " + PLANT_TEMPLATE)
+        cur.execute("CREATE ROLE %s LOGIN" % PLANTER)
+        cur.execute("ALTER ROLE %s SET redis_lock.key_prefix = 'tenantP:'" % PLANTER)
+    db = pg.connect(dbname=PLANT_TEMPLATE)
+    called = set(re.findall(r"([a-z_][a-z_0-9]*)\s*\(", script_code()))
+    with db.cursor() as cur:
+        # PUBLIC's CREATE on public, the default before PostgreSQL 15
+        cur.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        cur.execute("SELECT oprname, oprleft::pg_catalog.regtype::pg_catalog.text, "
+                    "oprright::pg_catalog.regtype::pg_catalog.text FROM pg_catalog.pg_operator")
+        alias = {"oid": "oid", "regclass": "regclass", "regproc": "regproc",
+                 "regprocedure": "regprocedure", "regtype": "regtype", "text": "text",
+                 "name": "name", "bytea": "bytea", "smallint": "int2", "integer": "int4",
+                 "bigint": "int8", "boolean": "bool", "timestamp with time zone": "timestamptz",
+                 "jsonb": "jsonb", '"char"': "char"}
+        existing = {(o, alias.get(left, left), alias.get(right, right))
+                    for o, left, right in cur.fetchall()}
+        cur.execute("CREATE EXTENSION redis_lock")
+        cur.execute(SIGNATURES, (sorted(called),))
+        signatures = cur.fetchall()
+        cur.execute(SIGNATURES.replace("ANY (%s)", "ANY (ARRAY(SELECT p.proname FROM "
+                                       "pg_catalog.pg_proc p WHERE p.proname "
+                                       "OPERATOR(pg_catalog.~~) 'redis\\_%%'))"))
+        ext_signatures = cur.fetchall()
+        cur.execute("DROP EXTENSION redis_lock")
+    db.close()
+    assert {"redis_lock_fence_advance", "redis_lock_all_locks"} <= {s[0] for s in ext_signatures}
+    assert {"pg_partition_root", "convert_from", "substring", "now",
+            "pg_extension_config_dump"} <= {s[0] for s in signatures}
+    plants = operator_plants(existing) + function_plants(signatures + ext_signatures)
+    c = pg.connect(dbname=PLANT_TEMPLATE, user=PLANTER)
+    try:
+        with c.cursor() as cur:
+            cur.execute(SPY)
+            cur.execute("SELECT public.rl_plant(%s)", (plants,))
+            made = cur.fetchone()[0]
+    finally:
+        c.close()
+    assert made > 0.9 * len(plants) and made > 3000, (made, len(plants))
+    admin.close()
+    yield temp_plants(ext_signatures)
+    admin = pg.connect()
+    with admin.cursor() as cur:
+        cur.execute("SELECT datname FROM pg_database WHERE datname LIKE 'planted%%' OR datname = %s",
+                    (PLANT_TEMPLATE,))
+        for (name,) in cur.fetchall():
+            cur.execute("DROP DATABASE " + name)
+        cur.execute("DROP ROLE " + PLANTER)
+    admin.close()
+
+
+def clean_session(pg, db):
+    """A superuser session that resolves nothing through public."""
+    return pg.connect(dbname=db, options="-c search_path=pg_catalog")
+
+
+SEED_11 = """
+INSERT INTO public.redis_lock_fence_marks (lock_name, fence)
+VALUES ('orders', 42), ('parts', 7), ('unguarded', 3)
+"""
+SEED_12 = """
+INSERT INTO public.redis_lock_fence_marks (lock_name, fence, protected_table, key_prefix)
+VALUES ('orders', 42, 'app.orders', ''), ('parts', 7, 'app.parts', '')
+"""
+
+
+def seed(clean, db, version):
+    """Guarded tables (one partitioned), marks, and a key prefix per role and
+    per database: what 1.1 -> 1.2 migrates."""
+    with clean.cursor() as cur:
+        cur.execute("CREATE SCHEMA app")
+        cur.execute("CREATE TABLE app.orders (id int, fence bigint)")
+        cur.execute("CREATE TRIGGER guard BEFORE INSERT OR UPDATE ON app.orders FOR EACH ROW "
+                    "EXECUTE FUNCTION public.redis_lock_fence_guard('orders')")
+        cur.execute("CREATE TABLE app.parts (id int, fence bigint) PARTITION BY RANGE (id)")
+        cur.execute("CREATE TABLE app.parts_1 PARTITION OF app.parts FOR VALUES FROM (0) TO (100)")
+        cur.execute("CREATE TRIGGER guard BEFORE INSERT OR UPDATE ON app.parts FOR EACH ROW "
+                    "EXECUTE FUNCTION public.redis_lock_fence_guard('parts')")
+        cur.execute(SEED_11 if version == "1.1" else SEED_12)
+        cur.execute("ALTER DATABASE %s SET redis_lock.key_prefix = 'dbP:'" % db)
+
+
+# what an object of the extension depends on, where that is neither in
+# pg_catalog nor of the extension: "owned" are its members and what hangs on
+# them (columns' defaults, constraints, a view's rule, row and array types)
+FOREIGN_DEPENDENCIES = """
+WITH RECURSIVE ext AS (
+  SELECT oid, extnamespace FROM pg_extension WHERE extname = 'redis_lock'
+), owned(classid, objid) AS (
+  SELECT d.classid, d.objid FROM pg_depend d, ext
+  WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e'
+  UNION
+  SELECT d.classid, d.objid FROM pg_depend d JOIN owned o
+    ON d.refclassid = o.classid AND d.refobjid = o.objid
+  WHERE d.deptype IN ('a', 'i')
+)
+SELECT DISTINCT pg_describe_object(d.classid, d.objid, d.objsubid) || ' -> '
+       || pg_describe_object(d.refclassid, d.refobjid, d.refobjsubid)
+FROM pg_depend d JOIN owned o ON d.classid = o.classid AND d.objid = o.objid, ext
+WHERE d.deptype <> 'e'
+  AND (d.refclassid, d.refobjid) NOT IN (SELECT classid, objid FROM owned)
+  AND NOT (d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid)
+  AND NOT (d.refclassid = 'pg_namespace'::regclass
+           AND d.refobjid IN (ext.extnamespace, 'pg_catalog'::regnamespace))
+  AND d.refclassid <> 'pg_language'::regclass
+  AND (pg_identify_object(d.refclassid, d.refobjid, 0)).schema IS DISTINCT FROM 'pg_catalog'
+ORDER BY 1
+"""
+
+
+def marks(clean, table, lock_name):
+    """A table's marks of a lock name, as "prefix/name=fence", in order."""
+    return testbed.sql_one(clean, """
+        SELECT coalesce(array_agg(key_prefix || '/' || lock_name || '=' || fence
+                                  ORDER BY key_prefix), '{}')
+        FROM public.redis_lock_fence_marks
+        WHERE protected_table::oid = %s::regclass::oid AND lock_name = %s""", (table, lock_name))
+
+
+def migrated(start, lock_name, fence):
+    """The marks 1.1 -> 1.2 makes of a 1.1 mark: one for each key prefix set
+    per role or database (other tests' roles may add more)."""
+    if start not in ("1.0", "1.1"):
+        return set()
+    return {"%s/%s=%d" % (p, lock_name, fence) for p in ("dbP:", "tenantP:")}
+
+
+def spied(clean):
+    return testbed.sql_one(clean, "SELECT coalesce(array_agg(what || ' as ' || by_role::text), '{}') "
+                                  "FROM public.rl_spied")
+
+
+def install_and_update(s, clean, db, start):
+    """CREATE EXTENSION at start, then each ALTER EXTENSION UPDATE to 1.4,
+    in session s; what 1.1 -> 1.2 migrates is there when it runs."""
+    try:
+        with s.cursor() as cur:
+            cur.execute("CREATE EXTENSION redis_lock VERSION %s", (start,))
+            if start != "1.0":
+                seed(clean, db, start)
+            for version in UPDATE_STEPS[UPDATE_STEPS.index(start) + 1:]:
+                cur.execute("ALTER EXTENSION redis_lock UPDATE TO %s", (version,))
+                if version == "1.1":
+                    seed(clean, db, version)
+    except psycopg2.Error as e:
+        # what ran before the error was rolled back with it, but for its WARNING
+        pytest.fail("%s\nplanted code that ran: %s" % (e, ran(s)))
+
+
+def ran(s):
+    return [n.strip() for n in s.notices if "rl_spy" in n]
+
+
+def assert_nothing_ran(s, clean):
+    assert ran(s) == [], "\n".join(ran(s))
+    assert spied(clean) == []
+    assert not testbed.sql_one(clean, "SELECT rolsuper FROM pg_roles WHERE rolname = %s",
+                               (PLANTER,)), "the role made itself superuser"
+
+
+@pytest.mark.parametrize("start", UPDATE_STEPS)
+def test_no_install_or_update_path_runs_a_roles_code(pg, planted, start):
+    db = "planted" + start.replace(".", "")
+    admin = pg.connect()
+    with admin.cursor() as cur:
+        cur.execute("ALTER ROLE %s NOSUPERUSER" % PLANTER)   # as a failed run left it
+        cur.execute("DROP DATABASE IF EXISTS " + db)
+        cur.execute("CREATE DATABASE %s TEMPLATE %s" % (db, PLANT_TEMPLATE))
+    admin.close()
+    clean = clean_session(pg, db)
+    # the session that installs and updates, with the role's temporary objects
+    s = pg.connect(dbname=db)
+    try:
+        with s.cursor() as cur:
+            cur.execute("SET ROLE " + PLANTER)
+            cur.execute("SELECT public.rl_plant(%s)", (planted,))
+            made = cur.fetchone()[0]
+            cur.execute("RESET ROLE")
+        assert made > 0.9 * len(planted), (made, len(planted))
+        # the plants answer a name resolved by search path: a control
+        with clean.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute("SET LOCAL search_path = public")
+            cur.execute("SELECT 0::pg_catalog.oid = 'pg_catalog.now()'::pg_catalog.regprocedure")
+            cur.execute("SET LOCAL search_path = pg_catalog")
+            assert spied(clean) == ["operator =(oid, regprocedure) as postgres"]
+            cur.execute("ROLLBACK")
+        del s.notices[:]
+
+        install_and_update(s, clean, db, start)
+        assert_nothing_ran(s, clean)
+        assert testbed.sql_one(clean, "SELECT extversion FROM pg_extension "
+                                      "WHERE extname = 'redis_lock'") == "1.4"
+        # nothing of the extension depends on the role's objects (this
+        # session's temporary ones would drop it with them at its end)
+        with clean.cursor() as cur:
+            cur.execute(FOREIGN_DEPENDENCIES)
+            assert cur.fetchall() == []
+        # 1.1's marks became one per guarded table (a partition's is its
+        # root's) and key prefix
+        parts_oid = str(testbed.sql_one(clean, "SELECT 'app.parts'::regclass::oid"))
+        parts = marks(clean, parts_oid, "parts")
+        assert "/parts=7" in parts and migrated(start, "parts", 7) <= set(parts), parts
+        assert all(m.endswith("=7") for m in parts), parts
+        # the functions with bodies, in the same session: a mark without a
+        # table, one the guard advances, a dropped table's marks forgotten
+        with s.cursor() as cur:
+            cur.execute("SELECT public.redis_lock_fence_check('direct'::pg_catalog.text, "
+                        "5::pg_catalog.int8)")
+            cur.execute("INSERT INTO app.orders (id, fence) VALUES (1, 50)")
+            cur.execute("DROP TABLE app.parts")
+        assert_nothing_ran(s, clean)
+        assert marks(clean, "-", "direct") == ["/direct=5"]
+        orders = marks(clean, "app.orders", "orders")
+        assert "/orders=50" in orders and migrated(start, "orders", 42) <= set(orders), orders
+        assert marks(clean, parts_oid, "parts") == []
+    finally:
+        s.close()
+        clean.close()
+        admin = pg.connect()
+        admin.cursor().execute("DROP DATABASE " + db)
         admin.close()
 =======
 # Issue 42, item 3: redis_lock_force_release deleted keys that were no locks
