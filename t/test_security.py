@@ -2133,8 +2133,7 @@ def test_the_largest_legitimate_reply_still_works(pg_fake, fake):
 
 # ============================================================================
 # Issue 42, item 5: the hidden password file's path was shown to any role
-# =====================================================================
-
+# ============================================================================
 # redis_lock.password_file is hidden from other roles in SHOW and
 # pg_settings, but each WARNING about the file named its path, and why it
 # was ignored, to whichever session was connecting.  The session now gets a
@@ -2306,6 +2305,186 @@ def test_the_worker_signals_no_process_that_let_the_lost_lock_go(pg_stop_before_
         for w in workers:
             os.kill(w, signal.SIGCONT)
         a.close()
+        admin.close()
+
+
+# ============================================================================
+# Issue 42, item 3: redis_lock_force_release deleted keys that were no locks
+# ============================================================================
+# Its script deleted any string that was not a decimal integer and, under
+# redis_lock.protocol = 'redisson', any hash without a "mode" field (and,
+# under any protocol, any hash with one), with no TTL or owner-shape check:
+# another application's JSON string or hash went while redis_lock_status
+# called it no lock.  Force release now deletes exactly what status calls a
+# lock (one test: lock_owners in src/scripts.c, rl_inspect_reply without
+# scripts) and refuses anything else with 42809, leaving it as it was.  Run
+# in both worlds above (scripts on Redis 7.0; none on Valkey 9.1) by a
+# superuser -- force release is not PUBLIC's -- under the default empty key
+# prefix; status is asked by the LOGIN-only role.
+
+def foreign_keys():
+    """Every string and hash of the status tests above that is no lock, and
+    a counter with a TTL: name -> (value or mapping, TTL in ms or None)."""
+    keys = dict(FOREIGN_STRINGS)
+    keys.update(foreign_hashes())
+    keys["counter-with-ttl"] = (b"12345", TTL_MS)
+    keys["negative-counter-with-ttl"] = (b"-42", TTL_MS)
+    return keys
+
+
+def put(rc, key, content, ttl):
+    if isinstance(content, dict):
+        rc.hset(key, mapping=content)
+        if ttl is not None:
+            rc.pexpire(key, ttl)
+    else:
+        rc.set(key, content, px=ttl)
+
+
+def force(admin, name):
+    """force release of name: its result, or the error it raised."""
+    try:
+        return admin.run("SELECT redis_lock_force_release(%s)", (name,))
+    except psycopg2.Error as e:
+        return e
+
+
+def protocols(w):
+    """The lock protocols of a world: only simple without scripts."""
+    return ["simple", "redisson"] if w.scripting else ["simple"]
+
+
+def superuser(w):
+    s = Session(w.pg)
+    w.made.append(s)
+    return s
+
+
+def test_force_release_leaves_every_key_that_status_calls_no_lock(env):
+    w, rc = env
+    probe, admin = w.probe(), superuser(w)
+    deleted, shown = [], []
+    for protocol in protocols(w):
+        admin.run("SET redis_lock.protocol = %s", (protocol,))
+        for case, (content, ttl) in sorted(foreign_keys().items()):
+            key = "app:" + case
+            rc.delete(key)
+            put(rc, key, content, ttl)
+            before = rc.dump(key)
+            typ = "hash" if isinstance(content, dict) else "string"
+            out = force(admin, key)
+            if rc.dump(key) != before:
+                deleted.append((protocol, case))
+                continue
+            assert isinstance(out, psycopg2.errors.WrongObjectType), (protocol, case, out)
+            assert 'Redis key "%s" holds a' % key in str(out), str(out)
+            assert (rc.pttl(key) > 0) == (ttl is not None)
+            if status_row(probe, key) != not_a_lock(key, typ):
+                shown.append((protocol, case))
+    assert not deleted, "force release deleted keys that are no lock: %s" % deleted
+    assert not shown, "status calls a lock what force release refuses: %s" % shown
+
+
+def test_force_release_still_deletes_the_locks_of_every_layout(env):
+    """The control: every lock status shows, as each client writes it, is
+    deleted; status then finds no key."""
+    w, rc = env
+    probe, admin = w.probe(), superuser(w)
+    rid = redisson_id()
+    strings = {"py-lock": uuid.uuid1().hex.encode(),            # redis-py
+               "java-lock": str(uuid.uuid4()).encode(),        # hand-written Java
+               "go-lock": b"q2Zl+N0/hZP8kxgWc1Zt6g==",         # redsync
+               "js-lock": os.urandom(16).hex().encode()}       # node-redlock
+    hashes = {"rlock": {rid + ":57": 2},
+              "rlock-rx": {rid + ":-4611686018427387904": 1},
+              "rw-read": {"mode": "read", rid + ":61": 1, redisson_id() + ":12": 2},
+              "rw-write": {"mode": "write", rid + ":61": 1, rid + ":61:write": 1}}
+    locks = [("simple", k, v) for k, v in strings.items()]
+    if w.scripting:
+        locks += [("redisson", k, v) for k, v in hashes.items()]
+        # a read-write lock goes whatever the protocol says
+        locks += [("simple", k, v) for k, v in hashes.items() if k.startswith("rw-")]
+    for protocol, key, content in locks:
+        admin.run("SET redis_lock.protocol = %s", (protocol,))
+        put(rc, key, content, 30000)
+        assert status_row(probe, key)[0] is True, key
+        assert force(admin, key) is True, (protocol, key)
+        assert rc.exists(key) == 0, key
+        assert status_row(probe, key) == (False, False, None, None, key, "none")
+    # the session's own lock, of each layout it can take
+    for protocol in protocols(w):
+        admin.run("SET redis_lock.protocol = %s", (protocol,))
+        assert probe.run("SET redis_lock.protocol = %s", (protocol,)) is None
+        assert probe.run("SELECT redis_lock_try_acquire('own', ttl => '30s')") is True
+        assert force(admin, "own") is True, protocol
+        assert rc.exists("own") == 0
+        assert probe.run("SELECT redis_lock_release('own')") is False
+
+
+# ============================================================================
+# Issue 42, item 4: one role switched off prompt loss detection for everyone
+# ============================================================================
+# The watchdog worker subscribes to the keyspace notifications of at most
+# 4096 keys (src/watchevents.c), and took them first come, first served: a
+# LOGIN-only role holding more locks than that (the per-role limit allows it
+# once redis_lock.max_locks >= 8192) left another role's lock unwatched, so
+# its loss was found only by its renewal, a third of its lease later, and
+# on_lost stopped that role's work that much late.  The watches are now
+# shared between the roles holding locks: here the hog gets all but one,
+# the victim its one, and the victim's loss is found by its notification.
+
+WATCH_KEYS_MAX = 4096               # src/watchevents.c, RL_WATCH_KEYS_MAX
+HOG_LOCKS = WATCH_KEYS_MAX + 104
+WATCH_LEASE = "120s"                # renewed every 40 s: the slow path
+# the notification path: 0.022 s beside 4200 watched locks (2-core machine,
+# loaded, 2026-11-28); the build before took 36.7 s (the renewal, up to 40 s)
+WATCHED_LOSS_BOUND = 3.0
+
+
+@pytest.fixture(scope="module")
+def watch_env():
+    r = testbed.Redis().start()
+    rc = r.client()
+    rc.config_set("notify-keyspace-events", "Kgx")
+    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
+                                "redis_lock.max_locks": "10000",
+                                "redis_lock.max_locks_per_session": "5000"}
+                          ).init().start().with_extension()
+    admin = pg.connect()
+    for role in ("watch_hog", "watch_victim"):
+        make_login_role(admin, role)
+    yield rc, pg, admin
+    admin.close()
+    pg.cleanup()
+    r.stop()
+
+
+def watched(rc, pattern):
+    """Keys matching pattern whose notifications someone subscribes to."""
+    return len(rc.pubsub_channels("__keyspace@0__:" + pattern))
+
+
+def test_one_role_cannot_take_every_keyspace_watch(watch_env):
+    from test_lost import assert_loss_stops_a_statement, worker_watches
+    rc, pg, admin = watch_env
+    hog, victim = Session(pg, user="watch_hog"), Session(pg, user="watch_victim")
+    try:
+        assert hog.run("SELECT rolsuper FROM pg_roles WHERE rolname = current_user") is False
+        hog.run("SET redis_lock.lease_time = %s", (WATCH_LEASE,))
+        assert hog.run("SELECT count(*) FROM generate_series(1, %s) i "
+                       "WHERE redis_lock_acquire('hog:' || i) > 0", (HOG_LOCKS,)) == HOG_LOCKS
+        testbed.wait_until(lambda: watched(rc, "hog:*") == WATCH_KEYS_MAX, 60, 0.2,
+                           what="the worker to watch as many of the hog's locks as it may")
+        victim.run("SET redis_lock.lease_time = %s", (WATCH_LEASE,))
+        assert victim.run("SELECT redis_lock_acquire('victim') > 0")
+        testbed.wait_until(lambda: worker_watches(rc, "victim"), 20, 0.05,
+                           what="the victim's lock watched beside the hog's")
+        assert watched(rc, "hog:*") == WATCH_KEYS_MAX - 1
+        took = assert_loss_stops_a_statement(victim, admin, rc, "victim", WATCHED_LOSS_BOUND)
+        print("\nthe victim's loss stopped its statement %.3f s after it" % took)
+    finally:
+        hog.close()
+        victim.close()
 
 
 # ============================================================================
@@ -2762,180 +2941,3 @@ def test_no_install_or_update_path_runs_a_roles_code(pg, planted, start):
         admin = pg.connect()
         admin.cursor().execute("DROP DATABASE " + db)
         admin.close()
-=======
-# Issue 42, item 3: redis_lock_force_release deleted keys that were no locks
-# ============================================================================
-# Its script deleted any string that was not a decimal integer and, under
-# redis_lock.protocol = 'redisson', any hash without a "mode" field (and,
-# under any protocol, any hash with one), with no TTL or owner-shape check:
-# another application's JSON string or hash went while redis_lock_status
-# called it no lock.  Force release now deletes exactly what status calls a
-# lock (one test: lock_owners in src/scripts.c, rl_inspect_reply without
-# scripts) and refuses anything else with 42809, leaving it as it was.  Run
-# in both worlds above (scripts on Redis 7.0; none on Valkey 9.1) by a
-# superuser -- force release is not PUBLIC's -- under the default empty key
-# prefix; status is asked by the LOGIN-only role.
-
-def foreign_keys():
-    """Every string and hash of the status tests above that is no lock, and
-    a counter with a TTL: name -> (value or mapping, TTL in ms or None)."""
-    keys = dict(FOREIGN_STRINGS)
-    keys.update(foreign_hashes())
-    keys["counter-with-ttl"] = (b"12345", TTL_MS)
-    keys["negative-counter-with-ttl"] = (b"-42", TTL_MS)
-    return keys
-
-
-def put(rc, key, content, ttl):
-    if isinstance(content, dict):
-        rc.hset(key, mapping=content)
-        if ttl is not None:
-            rc.pexpire(key, ttl)
-    else:
-        rc.set(key, content, px=ttl)
-
-
-def force(admin, name):
-    """force release of name: its result, or the error it raised."""
-    try:
-        return admin.run("SELECT redis_lock_force_release(%s)", (name,))
-    except psycopg2.Error as e:
-        return e
-
-
-def protocols(w):
-    """The lock protocols of a world: only simple without scripts."""
-    return ["simple", "redisson"] if w.scripting else ["simple"]
-
-
-def superuser(w):
-    s = Session(w.pg)
-    w.made.append(s)
-    return s
-
-
-def test_force_release_leaves_every_key_that_status_calls_no_lock(env):
-    w, rc = env
-    probe, admin = w.probe(), superuser(w)
-    deleted, shown = [], []
-    for protocol in protocols(w):
-        admin.run("SET redis_lock.protocol = %s", (protocol,))
-        for case, (content, ttl) in sorted(foreign_keys().items()):
-            key = "app:" + case
-            rc.delete(key)
-            put(rc, key, content, ttl)
-            before = rc.dump(key)
-            typ = "hash" if isinstance(content, dict) else "string"
-            out = force(admin, key)
-            if rc.dump(key) != before:
-                deleted.append((protocol, case))
-                continue
-            assert isinstance(out, psycopg2.errors.WrongObjectType), (protocol, case, out)
-            assert 'Redis key "%s" holds a' % key in str(out), str(out)
-            assert (rc.pttl(key) > 0) == (ttl is not None)
-            if status_row(probe, key) != not_a_lock(key, typ):
-                shown.append((protocol, case))
-    assert not deleted, "force release deleted keys that are no lock: %s" % deleted
-    assert not shown, "status calls a lock what force release refuses: %s" % shown
-
-
-def test_force_release_still_deletes_the_locks_of_every_layout(env):
-    """The control: every lock status shows, as each client writes it, is
-    deleted; status then finds no key."""
-    w, rc = env
-    probe, admin = w.probe(), superuser(w)
-    rid = redisson_id()
-    strings = {"py-lock": uuid.uuid1().hex.encode(),            # redis-py
-               "java-lock": str(uuid.uuid4()).encode(),        # hand-written Java
-               "go-lock": b"q2Zl+N0/hZP8kxgWc1Zt6g==",         # redsync
-               "js-lock": os.urandom(16).hex().encode()}       # node-redlock
-    hashes = {"rlock": {rid + ":57": 2},
-              "rlock-rx": {rid + ":-4611686018427387904": 1},
-              "rw-read": {"mode": "read", rid + ":61": 1, redisson_id() + ":12": 2},
-              "rw-write": {"mode": "write", rid + ":61": 1, rid + ":61:write": 1}}
-    locks = [("simple", k, v) for k, v in strings.items()]
-    if w.scripting:
-        locks += [("redisson", k, v) for k, v in hashes.items()]
-        # a read-write lock goes whatever the protocol says
-        locks += [("simple", k, v) for k, v in hashes.items() if k.startswith("rw-")]
-    for protocol, key, content in locks:
-        admin.run("SET redis_lock.protocol = %s", (protocol,))
-        put(rc, key, content, 30000)
-        assert status_row(probe, key)[0] is True, key
-        assert force(admin, key) is True, (protocol, key)
-        assert rc.exists(key) == 0, key
-        assert status_row(probe, key) == (False, False, None, None, key, "none")
-    # the session's own lock, of each layout it can take
-    for protocol in protocols(w):
-        admin.run("SET redis_lock.protocol = %s", (protocol,))
-        assert probe.run("SET redis_lock.protocol = %s", (protocol,)) is None
-        assert probe.run("SELECT redis_lock_try_acquire('own', ttl => '30s')") is True
-        assert force(admin, "own") is True, protocol
-        assert rc.exists("own") == 0
-        assert probe.run("SELECT redis_lock_release('own')") is False
-
-
-# ============================================================================
-# Issue 42, item 4: one role switched off prompt loss detection for everyone
-# ============================================================================
-# The watchdog worker subscribes to the keyspace notifications of at most
-# 4096 keys (src/watchevents.c), and took them first come, first served: a
-# LOGIN-only role holding more locks than that (the per-role limit allows it
-# once redis_lock.max_locks >= 8192) left another role's lock unwatched, so
-# its loss was found only by its renewal, a third of its lease later, and
-# on_lost stopped that role's work that much late.  The watches are now
-# shared between the roles holding locks: here the hog gets all but one,
-# the victim its one, and the victim's loss is found by its notification.
-
-WATCH_KEYS_MAX = 4096               # src/watchevents.c, RL_WATCH_KEYS_MAX
-HOG_LOCKS = WATCH_KEYS_MAX + 104
-WATCH_LEASE = "120s"                # renewed every 40 s: the slow path
-# the notification path: 0.022 s beside 4200 watched locks (2-core machine,
-# loaded, 2026-11-28); the build before took 36.7 s (the renewal, up to 40 s)
-WATCHED_LOSS_BOUND = 3.0
-
-
-@pytest.fixture(scope="module")
-def watch_env():
-    r = testbed.Redis().start()
-    rc = r.client()
-    rc.config_set("notify-keyspace-events", "Kgx")
-    pg = testbed.Postgres(conf={"redis_lock.url": r.url,
-                                "redis_lock.max_locks": "10000",
-                                "redis_lock.max_locks_per_session": "5000"}
-                          ).init().start().with_extension()
-    admin = pg.connect()
-    for role in ("watch_hog", "watch_victim"):
-        make_login_role(admin, role)
-    yield rc, pg, admin
-    admin.close()
-    pg.cleanup()
-    r.stop()
-
-
-def watched(rc, pattern):
-    """Keys matching pattern whose notifications someone subscribes to."""
-    return len(rc.pubsub_channels("__keyspace@0__:" + pattern))
-
-
-def test_one_role_cannot_take_every_keyspace_watch(watch_env):
-    from test_lost import assert_loss_stops_a_statement, worker_watches
-    rc, pg, admin = watch_env
-    hog, victim = Session(pg, user="watch_hog"), Session(pg, user="watch_victim")
-    try:
-        assert hog.run("SELECT rolsuper FROM pg_roles WHERE rolname = current_user") is False
-        hog.run("SET redis_lock.lease_time = %s", (WATCH_LEASE,))
-        assert hog.run("SELECT count(*) FROM generate_series(1, %s) i "
-                       "WHERE redis_lock_acquire('hog:' || i) > 0", (HOG_LOCKS,)) == HOG_LOCKS
-        testbed.wait_until(lambda: watched(rc, "hog:*") == WATCH_KEYS_MAX, 60, 0.2,
-                           what="the worker to watch as many of the hog's locks as it may")
-        victim.run("SET redis_lock.lease_time = %s", (WATCH_LEASE,))
-        assert victim.run("SELECT redis_lock_acquire('victim') > 0")
-        testbed.wait_until(lambda: worker_watches(rc, "victim"), 20, 0.05,
-                           what="the victim's lock watched beside the hog's")
-        assert watched(rc, "hog:*") == WATCH_KEYS_MAX - 1
-        took = assert_loss_stops_a_statement(victim, admin, rc, "victim", WATCHED_LOSS_BOUND)
-        print("\nthe victim's loss stopped its statement %.3f s after it" % took)
-    finally:
-        hog.close()
-        victim.close()
