@@ -497,6 +497,8 @@ FOREIGN_STRINGS = {
     "empty": (b"", TTL_MS),
     "persistent-pgrl-lookalike": (b"pgrl:" + b"0123456789abcdef" * 2, None),
     "persistent-uuid": (str(uuid.uuid4()).encode(), None),
+    # what redis-py's Lock(timeout=None) leaves: its token, no TTL
+    "persistent-redis-py-token": (uuid.uuid1().hex.encode(), None),
 }
 
 
