@@ -434,7 +434,10 @@ static const char *inspect_lua =
  * A key of another type, or a hash without "mode" (an RLock), is refused.
  *
  * read, acquire.  KEYS: lock, our read timeout key.  ARGV: lease ms, our
- * reader field, our writer field (a writer may also read).
+ * reader field, the field of our write hold of the lock or "" (a writer may
+ * also read: RLLockNames.writer).  Every grant has a field of its own
+ * (rl_mint_owner), so a read beside our write hold has another field than
+ * the write's; a Redisson client reads either as a holder.
  */
 static const char *rw_read_acquire_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
@@ -1290,8 +1293,7 @@ script_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 	else if (n->protocol == RL_PROTOCOL_RW_READ)
 	{
 		const char *rkeys[2] = {n->key, rl_rw_read_timeout_key(n)};
-		const char *args[3] = {rl_ms_text(lease_ms), n->owner,
-		psprintf("%s:write", n->owner)};
+		const char *args[3] = {rl_ms_text(lease_ms), n->owner, n->writer};
 
 		rl_script_call(call, conn, RL_SCRIPT_RW_READ_ACQUIRE, 2, rkeys, 3, args);
 	}
