@@ -3,7 +3,8 @@
  * protocol.c
  *	  Owns the names of the wire layouts: the keys and channels one lock
  *	  touches under each protocol (with their Redis Cluster hash tags),
- *	  owner tokens, the owner forms of every client's locks (what
+ *	  owner values (made only by rl_mint_owner, fresh for every grant),
+ *	  the owner forms of every client's locks (what
  *	  redis_lock_status takes for a lock), the pub/sub commands, and the
  *	  arguments every form of an operation shares.  The bottom of the wire layouts: scripts.c,
  *	  scriptfree.c and replies.c build on it (protocol_int.h).
