@@ -100,7 +100,10 @@
 #define RL_MAX_PREFIX_LEN	256
 /* Largest Redis key we build: prefix + name */
 #define RL_MAX_KEY_LEN		(RL_MAX_PREFIX_LEN + RL_MAX_NAME_LEN)
-/* Owner identity: simple = 32 hex chars; redisson = "<uuid>:<pid>" */
+/*
+ * Owner values (protocol.c, rl_mint_owner): simple = "pgrl:" + 32 hex chars;
+ * Redisson's layouts "<uuid>:<pid>", ":write" added for a write hold
+ */
 #define RL_OWNER_LEN		64
 /*
  * What redis_lock_status() takes for a lock of any client (protocol.c,

@@ -196,6 +196,26 @@ rl_lt_ensure_room(int more)
 }
 
 /*
+ * The owner value of a new grant of one mode of a name (rl_mint_owner: a
+ * fresh one, whatever the layout), and for a read hold the owner value of
+ * the session's write hold of the same lock, if any: Redisson lets a
+ * writer's thread read, and our read goes in under that write.
+ */
+static void
+mint_owner(RLLockNames *names, RLLockMode mode, const char *name)
+{
+	RLHeld	   *w = NULL;
+
+	rl_mint_owner(names->protocol, names->owner);
+	if (mode == RL_MODE_READ)
+		w = rl_lt_entry_find(RL_MODE_WRITE, name);
+	if (w != NULL && RL_HOLDS(w) > 0)
+		strlcpy(names->writer, w->names.owner, sizeof(names->writer));
+	else
+		names->writer[0] = '\0';
+}
+
+/*
  * Create an entry of one mode of a name (zero holds: a doubt until granted)
  * for the settings now.
  */
@@ -217,15 +237,7 @@ rl_lt_entry_create(RLLockMode mode, const char *name)
 	held_key(hkey, mode, name);
 	PG_TRY();
 	{
-		RLHeld	   *other = NULL;
-
-		if (mode == RL_MODE_READ || mode == RL_MODE_WRITE)
-			other = rl_lt_entry_find(mode == RL_MODE_READ ? RL_MODE_WRITE : RL_MODE_READ,
-									 name);
-		if (other != NULL && RL_HOLDS(other) > 0)
-			rl_sibling_owner(names.protocol, other->names.owner, names.owner);
-		else
-			rl_new_owner(names.protocol, names.owner);
+		mint_owner(&names, mode, name);
 		e = hash_search(rl_lt_held, hkey, HASH_ENTER, &found);
 	}
 	PG_CATCH();
@@ -317,31 +329,11 @@ rl_lt_take_back_from_worker(RLHeld *e)
 }
 
 /*
- * The other mode of e's read-write lock, when the session holds it: the two
- * must share one owner field (Redisson lets a thread's write hold take a
- * read hold beside it), so neither takes a field of its own.
- */
-static RLHeld *
-held_sibling(RLHeld *e)
-{
-	RLHeld	   *o;
-
-	if (e->mode != RL_MODE_READ && e->mode != RL_MODE_WRITE)
-		return NULL;
-	o = rl_lt_entry_find(e->mode == RL_MODE_READ ? RL_MODE_WRITE : RL_MODE_READ,
-						 e->name);
-	return o != NULL && RL_HOLDS(o) > 0 ? o : NULL;
-}
-
-/*
- * Give a doubt (no holds) a fresh owner value before it is tried again.
- * Its old one may still be on its way in a command whose outcome is
- * unknown: a release that would delete the new grant, an acquire that
- * would land after the session released it and stay for its lease.  A new
- * value can never be matched by either (under the Redisson layouts a field
- * of its own, the backend's left to its other locks).  One exception: the
- * read or write hold of a read-write lock whose other mode the session
- * holds keeps the field they share (a downgrade needs it).  The old value stays with the
+ * Give a doubt (no holds) a fresh owner value (mint_owner) before it is
+ * tried again.  Its old one may still be on its way in a command whose
+ * outcome is unknown: a release that would delete the new grant, an
+ * acquire that would land after the session released it and stay for its
+ * lease; neither can match the new value.  The old value stays with the
  * worker until settled (the entry's registry slot is handed off and kept by
  * the worker); without one, when settle, its compare-and-delete is made
  * here (interruptibly: a cancel leaves the entry as it was), else it is
@@ -374,8 +366,7 @@ rl_lt_renew_owner(RLHeld *e, bool settle)
 	}
 	if (e->registry_slot >= 0)
 		rl_lt_registry_drop(e); /* never tried: nothing of it in Redis */
-	if (held_sibling(e) == NULL)
-		rl_unused_owner(e->names.protocol, e->names.owner);
+	mint_owner(&e->names, e->mode, e->name);
 	e->expires_at = 0;
 	e->late_grant = false;
 }

@@ -3,7 +3,8 @@
  * protocol.c
  *	  Owns the names of the wire layouts: the keys and channels one lock
  *	  touches under each protocol (with their Redis Cluster hash tags),
- *	  owner tokens, the owner forms of every client's locks (what
+ *	  owner values (made only by rl_mint_owner, fresh for every grant),
+ *	  the owner forms of every client's locks (what
  *	  redis_lock_status takes for a lock), the pub/sub commands, and the
  *	  arguments every form of an operation shares.  The bottom of the wire layouts: scripts.c,
  *	  scriptfree.c and replies.c build on it (protocol_int.h).
@@ -23,9 +24,6 @@
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
-
-/* backend identity for the redisson layout: "<uuid>:<pid>" */
-static char redisson_field[RL_OWNER_LEN + 1];
 
 /* for each cluster slot, a short tag whose slot it is (fence counters) */
 static char (*slot_tags)[6] = NULL;
@@ -372,7 +370,7 @@ rl_reserved_mark(const char *prefix, const char *name)
 /*
  * Fill names for a Redis key (prefix already applied) under the given
  * protocol; prefix is needed again for the fence counter's name.  The
- * strings are allocated in cxt; owner is left empty (see rl_new_owner).
+ * strings are allocated in cxt; owner is left empty (see rl_mint_owner).
  */
 void
 rl_names_from_key(RLLockNames *names, RLProtocol protocol, const char *prefix,
@@ -419,7 +417,7 @@ rl_names_build(RLLockNames *names, RLProtocol protocol, const char *prefix,
 }
 
 /*
- * Random bits of simple-protocol tokens, drawn from pg_strong_random a pool
+ * Random bits of owner values, drawn from pg_strong_random a pool
  * at a time: each call costs OpenSSL a fixed several thousand instructions
  * (and a getpid() for its fork check) whatever its length, more than the
  * rest of an uncontended acquire.  Every token still gets bytes of its own,
@@ -451,17 +449,36 @@ token_random_bytes(void)
 	return r;
 }
 
-/* A new "<uuid>:<pid>" field, Redisson's "<client uuid>:<thread id>" form */
+/*
+ * A Redisson holder field never made before in this process: "<uuid>:<pid>",
+ * Redisson's "<client uuid>:<thread id>" with the backend's pid as thread
+ * id.  The UUID's first 10 bytes are random, drawn once per process (again
+ * if its 48-bit serial ever ran out); its last 6 bytes are that serial,
+ * which counts every field made.  So no two calls of one process return
+ * the same field, by construction, whatever became of the earlier ones.
+ */
+#define RL_FIELD_SERIAL_MAX	UINT64CONST(0xffffffffffff)
+
 static void
-new_redisson_field(char *field, size_t size)
+mint_redisson_field(char *field, size_t size)
 {
+	static uint8 base[10];
+	static uint64 serial = RL_FIELD_SERIAL_MAX;
+	static int	base_pid = 0;
 	uint8		u[16];
 	char		h[33];
+	int			i;
 
-	if (!pg_strong_random(u, sizeof(u)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate a random lock owner")));
+	if (serial >= RL_FIELD_SERIAL_MAX || base_pid != MyProcPid)
+	{
+		memcpy(base, token_random_bytes(), sizeof(base));
+		base_pid = MyProcPid;
+		serial = 0;
+	}
+	serial++;
+	memcpy(u, base, sizeof(base));
+	for (i = 0; i < 6; i++)
+		u[10 + i] = (uint8) (serial >> (8 * (5 - i)));
 	u[6] = (u[6] & 0x0f) | 0x40;	/* version 4 */
 	u[8] = (u[8] & 0x3f) | 0x80;	/* variant */
 	rl_hex_encode(u, 16, h);
@@ -470,7 +487,7 @@ new_redisson_field(char *field, size_t size)
 }
 
 /*
- * A semaphore holder's owner value, fresh for every attempt: the permits it
+ * A semaphore holder's owner value, fresh for every call: the permits it
  * takes are named from it (scripts.c).  redisson_semaphore: 112 random bits
  * as 28 hex digits, each permit id those 14 bytes and a 2-byte index (16
  * raw bytes, as Redisson's ids are); redis_semaphore: a version 4 UUID as
@@ -498,75 +515,36 @@ new_semaphore_owner(RLProtocol protocol, char *owner)
 	}
 }
 
-/* owner from a field: the field, or for a write hold the field + ":write" */
-static void
-owner_from_field(RLProtocol protocol, const char *field, char *owner)
-{
-	if (protocol == RL_PROTOCOL_RW_WRITE)
-		snprintf(owner, RL_OWNER_LEN + 1, "%s:write", field);
-	else
-		strlcpy(owner, field, RL_OWNER_LEN + 1);
-}
-
 /*
- * A fresh owner identity.  simple: marker + 128 random bits as hex, unique
- * per grant.  redisson and read holds: this backend's "<uuid>:<pid>", like
- * Redisson's "<client uuid>:<thread id>"; write holds: that + ":write".
+ * The owner value of a new grant, under every layout: the one place owner
+ * values are made (doc/failures.md, "Owner values").  Called for each new
+ * entry of the lock table and for each retry of a doubt, never for a
+ * reentrant hold, which keeps its grant's value.  Fresh every call, and
+ * without remembering anything of earlier grants: a command of an earlier
+ * grant still on its way (a release whose reply was lost, an acquire that
+ * lands late) can never match it.  simple: the marker and 128 random bits
+ * as hex; semaphores: new_semaphore_owner; Redisson's lock layouts: a
+ * field of mint_redisson_field, with ":write" for a write hold.
  */
 void
-rl_new_owner(RLProtocol protocol, char *owner)
+rl_mint_owner(RLProtocol protocol, char *owner)
 {
+	char		field[RL_OWNER_LEN + 1];
+
 	if (RL_PROTOCOL_IS_SEM(protocol))
 		new_semaphore_owner(protocol, owner);
-	else if (protocol != RL_PROTOCOL_SIMPLE)
-	{
-		if (redisson_field[0] == '\0')
-			new_redisson_field(redisson_field, sizeof(redisson_field));
-		owner_from_field(protocol, redisson_field, owner);
-	}
-	else
+	else if (protocol == RL_PROTOCOL_SIMPLE)
 	{
 		memcpy(owner, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
 		rl_hex_encode(token_random_bytes(), RL_TOKEN_BYTES,
 					  owner + strlen(RL_TOKEN_MARKER));
 	}
-}
-
-/*
- * An owner value never used before, for one lock tried again after a doubt
- * (rl_lt_renew_owner): under the Redisson layouts a "<uuid>:<pid>" field of
- * its own, the backend's field left as it is for its other locks (a read
- * and a write hold of one name must share one field).
- */
-void
-rl_unused_owner(RLProtocol protocol, char *owner)
-{
-	char		field[RL_OWNER_LEN + 1];
-
-	if (protocol == RL_PROTOCOL_SIMPLE || RL_PROTOCOL_IS_SEM(protocol))
+	else
 	{
-		rl_new_owner(protocol, owner);
-		return;
+		mint_redisson_field(field, sizeof(field));
+		snprintf(owner, RL_OWNER_LEN + 1, "%s%s", field,
+				 protocol == RL_PROTOCOL_RW_WRITE ? ":write" : "");
 	}
-	new_redisson_field(field, sizeof(field));
-	owner_from_field(protocol, field, owner);
-}
-
-/*
- * The owner of one mode of a read-write lock whose other mode has owner
- * other: the same field (with ":write" for the write hold), so that the
- * session's write hold lets its read hold in, as Redisson's do for a thread.
- */
-void
-rl_sibling_owner(RLProtocol protocol, const char *other, char *owner)
-{
-	char		field[RL_OWNER_LEN + 1];
-	size_t		len = strlen(other);
-
-	strlcpy(field, other, sizeof(field));
-	if (len > 6 && strcmp(other + len - 6, ":write") == 0)
-		field[len - 6] = '\0';
-	owner_from_field(protocol, field, owner);
 }
 
 /*

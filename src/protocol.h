@@ -62,7 +62,14 @@ typedef struct RLLockNames
 									 * redis_lock.release_channel_prefix of
 									 * when it was built, then the key), or
 									 * NULL */
-	char		owner[RL_OWNER_LEN + 1];	/* token or hash field */
+	/* token or hash field of this grant, made by rl_mint_owner */
+	char		owner[RL_OWNER_LEN + 1];
+
+	/*
+	 * a read hold's: the owner value of the session's write hold of the lock
+	 * when the read was tried (its field lets the read in), or ""
+	 */
+	char		writer[RL_OWNER_LEN + 1];
 	bool		script_free;	/* simple layout without Lua scripts
 								 * (redis_lock.scripting off when built) */
 	int			permits;		/* semaphores: how many permits the holder
@@ -149,9 +156,7 @@ extern void rl_names_build(RLLockNames *names, RLProtocol protocol,
 extern void rl_names_from_key(RLLockNames *names, RLProtocol protocol,
 							  const char *prefix, const char *key,
 							  MemoryContext cxt);
-extern void rl_new_owner(RLProtocol protocol, char *owner);
-extern void rl_unused_owner(RLProtocol protocol, char *owner);
-extern void rl_sibling_owner(RLProtocol protocol, const char *other, char *owner);
+extern void rl_mint_owner(RLProtocol protocol, char *owner);
 extern const char *rl_reserved_mark(const char *prefix, const char *name);
 extern void rl_script_call(RLCall *call, RLConn *conn, RLScriptId id,
 						   int nkeys, const char **keys, int nargs,

@@ -450,7 +450,10 @@ LOCK_OWNERS_LUA
  * A key of another type, or a hash without "mode" (an RLock), is refused.
  *
  * read, acquire.  KEYS: lock, our read timeout key.  ARGV: lease ms, our
- * reader field, our writer field (a writer may also read).
+ * reader field, the field of our write hold of the lock or "" (a writer may
+ * also read: RLLockNames.writer).  Every grant has a field of its own
+ * (rl_mint_owner), so a read beside our write hold has another field than
+ * the write's; a Redisson client reads either as a holder.
  */
 static const char *rw_read_acquire_lua =
 "local t = redis.call('type', KEYS[1])['ok']\n"
@@ -644,39 +647,40 @@ static const char *simple_acquire_many_lua =
 /*
  * redisson (RLock hashes, as a RedissonMultiLock takes them).  KEYS: n
  * locks, then their n slots' fence counters, then (fence flag "2") their
- * n per-name counters.  ARGV: our field, fence flag (as
- * redisson_acquire_lua's), then for each key its lease ms and held flag.
+ * n per-name counters.  ARGV: fence flag (as redisson_acquire_lua's), then
+ * for each key our field (each grant has its own, rl_mint_owner), lease ms
+ * and held flag.
  */
 static const char *redisson_acquire_many_lua =
 REDISSON_TOKEN_LUA
 "local n = #KEYS / 2\n"
-"if ARGV[2] == '2' then n = #KEYS / 3 end\n"
+"if ARGV[1] == '2' then n = #KEYS / 3 end\n"
 "for i = 1, n do\n"
-"  local b = 2 + 2 * (i - 1)\n"
+"  local b = 1 + 3 * (i - 1)\n"
 "  local t = redis.call('type', KEYS[i])['ok']\n"
 "  if t == 'none' then\n"
-"    if ARGV[b + 2] == '1' then return {-2, i} end\n"
+"    if ARGV[b + 3] == '1' then return {-2, i} end\n"
 "  elseif t ~= 'hash' then\n"
 "    return {-1, i, t}\n"
 "  elseif redis.call('hexists', KEYS[i], 'mode') == 1 then\n"
 "    return {-1, i, 'read-write lock'}\n"
-"  elseif redis.call('hexists', KEYS[i], ARGV[1]) == 0 then\n"
-"    if ARGV[b + 2] == '1' then return {-2, i} end\n"
+"  elseif redis.call('hexists', KEYS[i], ARGV[b + 1]) == 0 then\n"
+"    if ARGV[b + 3] == '1' then return {-2, i} end\n"
 "    return {0, i, redis.call('pttl', KEYS[i]), 1}\n"
 "  end\n"
 "end\n"
 "local out = {1}\n"
 "local floor = 0\n"
 "for i = 1, n do\n"
-"  local b = 2 + 2 * (i - 1)\n"
-"  if redis.call('hexists', KEYS[i], ARGV[1]) == 0 then\n"
-"    redis.call('hincrby', KEYS[i], ARGV[1], 1)\n"
+"  local b = 1 + 3 * (i - 1)\n"
+"  if redis.call('hexists', KEYS[i], ARGV[b + 1]) == 0 then\n"
+"    redis.call('hincrby', KEYS[i], ARGV[b + 1], 1)\n"
 "  end\n"
-"  redis.call('pexpire', KEYS[i], ARGV[b + 1])\n"
+"  redis.call('pexpire', KEYS[i], ARGV[b + 2])\n"
 "  local f = 0\n"
-"  if ARGV[b + 2] ~= '1' and ARGV[2] ~= '0' then\n"
+"  if ARGV[b + 3] ~= '1' and ARGV[1] ~= '0' then\n"
 "    local nc = nil\n"
-"    if ARGV[2] == '2' then nc = KEYS[2 * n + i] end\n"
+"    if ARGV[1] == '2' then nc = KEYS[2 * n + i] end\n"
 "    f = token(KEYS[n + i], nc, floor)\n"
 "    floor = f\n"
 "  end\n"
@@ -1306,8 +1310,7 @@ script_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
 	else if (n->protocol == RL_PROTOCOL_RW_READ)
 	{
 		const char *rkeys[2] = {n->key, rl_rw_read_timeout_key(n)};
-		const char *args[3] = {rl_ms_text(lease_ms), n->owner,
-		psprintf("%s:write", n->owner)};
+		const char *args[3] = {rl_ms_text(lease_ms), n->owner, n->writer};
 
 		rl_script_call(call, conn, RL_SCRIPT_RW_READ_ACQUIRE, 2, rkeys, 3, args);
 	}
@@ -1376,15 +1379,12 @@ rl_call_acquire_many(RLCall *call, RLConn *conn, const RLLockNames *const *names
 	}
 	if (simple)
 		rl_call_arg(call, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
-	else
-		rl_call_arg(call, names[0]->owner, strlen(names[0]->owner));
 	rl_call_arg(call, by_name ? "2" : fence ? "1" : "0", 1);
 	for (i = 0; i < n; i++)
 	{
 		char	   *ms = rl_ms_text(lease_ms[i]);
 
-		if (simple)
-			rl_call_arg(call, names[i]->owner, strlen(names[i]->owner));
+		rl_call_arg(call, names[i]->owner, strlen(names[i]->owner));
 		rl_call_arg(call, ms, strlen(ms));
 		rl_call_arg(call, held[i] ? "1" : "0", 1);
 	}

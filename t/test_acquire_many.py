@@ -346,8 +346,10 @@ def test_redisson_layout_takes_rlock_hashes(rsql, rc):
         h = rc.hgetall(k)
         assert len(h) == 1 and list(h.values()) == [b"1"]
         assert 15000 < rc.pttl(k) <= 20000
+    # each grant has a field of its own (doc/failures.md, "Owner values")
     field, = rc.hkeys("ra")
-    assert rc.hkeys("rb") == [field]
+    other, = rc.hkeys("rb")
+    assert other != field
     assert a.run("SELECT redis_lock_release_many(ARRAY['ra', 'rb'])") == 2
     assert rc.exists("ra", "rb") == 0
 

@@ -27,33 +27,27 @@ def fair(sessions):
     return make
 
 
-def owner_of(session):
-    """The owner id (hash field) a session writes under redisson_fair."""
-    session.run("SELECT redis_lock_acquire('owner-probe', ttl => '5s')")
-    owner = session.run("SELECT owner FROM redis_lock_status('owner-probe')")
-    session.run("SELECT redis_lock_release('owner-probe')")
-    return owner
-
-
 def join_queue(session, admin, rc, name, position, wait="30s"):
-    """Start session waiting for name; return once it is queued at position."""
+    """Start session waiting for name; return the owner id it queued with
+    (every grant has one of its own, doc/failures.md "Owner values") once
+    it is queued at position."""
     session.start("SELECT redis_lock_acquire(%s, wait => %s) > 0", (name, wait))
     wait_for_wait_event(admin.conn, session.pid)
     testbed.wait_until(lambda: rc.llen(QUEUE % name) == position + 1, 5,
                        what="waiter %d in the queue" % position)
+    return rc.lindex(QUEUE % name, position).decode()
 
 
 def test_sql_waiters_are_granted_in_arrival_order(fair, sessions, rc):
     holder, admin = fair(), sessions()
     waiters = [fair() for _ in range(4)]
-    owners = [owner_of(w) for w in waiters]
     assert holder.run("SELECT redis_lock_acquire('fifo') > 0")
     # an attempt that does not wait never joins the queue
     assert waiters[0].run("SELECT redis_lock_try_acquire('fifo')") is False
     assert rc.llen(QUEUE % "fifo") == 0
-    for i, w in enumerate(waiters):
-        join_queue(w, admin, rc, "fifo", i)
+    owners = [join_queue(w, admin, rc, "fifo", i) for i, w in enumerate(waiters)]
     assert [o.decode() for o in rc.lrange(QUEUE % "fifo", 0, -1)] == owners
+    assert len(set(owners)) == len(owners)
     # each release wakes exactly the head, on its own channel
     current = holder
     for i, w in enumerate(waiters):
@@ -62,6 +56,7 @@ def test_sql_waiters_are_granted_in_arrival_order(fair, sessions, rc):
         w.join()
         assert w.error is None and w.result is True
         assert w.finished_at - released < testbed.WAKE_BOUND
+        assert w.run("SELECT owner FROM redis_lock_status('fifo')") == owners[i]
         for later in waiters[i + 1:]:
             assert later.thread.is_alive(), "waiter granted out of turn"
         assert rc.llen(QUEUE % "fifo") == len(waiters) - i - 1
@@ -73,12 +68,12 @@ def test_sql_waiters_are_granted_in_arrival_order(fair, sessions, rc):
 @pytest.mark.parametrize("how", ["timeout", "cancel", "terminate"])
 def test_a_waiter_that_gives_up_leaves_the_queue_at_once(fair, sessions, rc, how):
     holder, quitter, next_, admin = fair(), fair(), fair(), sessions()
-    quitter_owner = owner_of(quitter)
     assert holder.run("SELECT redis_lock_acquire('q') > 0")
     quitter.start("SELECT redis_lock_acquire('q', wait => %s) > 0",
                   ("500ms" if how == "timeout" else "30s",))
     wait_for_wait_event(admin.conn, quitter.pid)
     testbed.wait_until(lambda: rc.llen(QUEUE % "q") == 1, 5, what="first waiter queued")
+    quitter_owner = rc.lindex(QUEUE % "q", 0).decode()
     join_queue(next_, admin, rc, "q", 1)
     gave_up = time.monotonic()
     if how == "cancel":

@@ -65,13 +65,13 @@ def test_the_loss_is_40001_whatever_log_min_messages_says(env):
 
 
 def test_a_downgrade_still_works_after_a_doubt_of_another_lock(env):
-    """rl_new_owner_identity (protocol.c), called by rl_lt_renew_owner for
-    any Redisson-layout doubt retried, replaces the backend's one
-    "<uuid>:<pid>" field.  A write hold taken before keeps the old field;
-    a read of the same name by the same session (a downgrade, supported:
-    test_rwlock's test_renewing_a_write_hold_never_shortens_...) now goes
-    with the new one, and Redisson's read script refuses it: the session
-    waits on itself."""
+    """A read of a name whose write hold the session has (a downgrade,
+    supported: test_rwlock's test_renewing_a_write_hold_never_shortens_...)
+    goes in after a doubt of another lock was retried.  Every grant has a
+    field of its own (rl_mint_owner), the read's too: the read script is
+    given the write hold's field, which lets it in.  (It once failed when a
+    doubt's retry replaced the backend's one "<uuid>:<pid>" field that the
+    read then went with: the session waited on itself.)"""
     r, rc, pg, admin, session = env
     a = session()
     assert a.run("SELECT redis_lock_acquire_write('dg2', ttl => '60s')") is True
