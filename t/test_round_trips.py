@@ -19,8 +19,9 @@ statement ran, by what could have caused what, not by elapsed time:
 
 A release sent and not waited for adds nothing; an acquire that is sent
 only once the reply of the release before it has come adds one (a build
-made to wait for every owed reply before sending fails the back-to-back
-tests below, and only those).  The count does not depend on how long
+made to wait for every owed reply before sending fails the four
+back-to-back tests below, and test_commit_and_rollback when a COMMIT's
+release reaches the proxy only after the next acquire began).  The count does not depend on how long
 anything took, as long as a statement's next command follows what it
 answers by less than a round trip (2 D = 200 ms): a reply reaches the
 backend 2 D after its request at the earliest, so a command sent right
