@@ -47,20 +47,22 @@ typedef enum LossFor
 
 /*
  * Did the loss (found at lost_at, its holder signalled at cancelled_at)
- * come within what began at since?  For a cancel: the worker records when
- * its signal had been sent only after kill() returns, so a signal recorded
- * before the statement began was served before it (ignored while the
- * session idled) and a cancel now is someone else's; one not recorded yet,
- * or recorded since, is the worker's.  Comparing when the loss was found
- * instead would take the worker's cancel for a user's whenever the holder
- * began its next statement between the finding and the signal.
+ * come within what began at since?  For a cancel: only one the worker had
+ * recorded before it signalled (cancelled_at is RL_CANCEL_UNDER_WAY from
+ * before kill() until it returned, then when it returned), so that a
+ * user's cancel in the window between the finding and the signal stays a
+ * cancel; and not one recorded before the statement began, which was
+ * served before it (ignored while the session idled), so that a cancel
+ * now is someone else's.  Comparing when the loss was found instead would
+ * take the worker's cancel for a user's whenever the holder began its next
+ * statement between the finding and the signal.
  */
 static bool
 loss_within(LossFor what, TimestampTz since, TimestampTz lost_at,
 			TimestampTz cancelled_at)
 {
 	if (what == LOSS_FOR_CANCEL)
-		return cancelled_at == 0 || cancelled_at >= since;
+		return cancelled_at >= since;	/* 0: not signalled */
 	return lost_at >= since;
 }
 
