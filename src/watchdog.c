@@ -704,8 +704,8 @@ signal_holder(Job *j)
 /*
  * One LOG line per lock found lost, and its holder made to act on it as it
  * asked when it took the lock (redis_lock.on_lost): error cancels its
- * running statement, which the backend reports as the loss (40001, see
- * rl_lost_report_hook); terminate ends the backend.  A backend that is idle
+ * running statement, which the backend raises as the loss (40001, see
+ * rl_lost_push_context); terminate ends the backend.  A backend that is idle
  * ignores the cancel; one idle in a transaction fails its next statement
  * (rl_lost_check_statement).  A holder that let the lock go since the loss
  * was found (or exited) is not signalled (signal_holder).
