@@ -3,14 +3,17 @@
  * locklost.c
  *	  Owns what the holder does once the watchdog worker finds one of its
  *	  locks lost (redis_lock.on_lost): the cancel the worker sent is
- *	  reported as the loss (40001, naming the lock and why) instead of as a
- *	  user's cancel; a session idle in a transaction when the loss came
- *	  fails its next statement; redis_lock_check() raises the same error
- *	  without a round trip.  The worker decides and signals (watchdog.c).
+ *	  raised as the loss (40001, naming the lock and why) instead of as a
+ *	  user's cancel, by an error-context callback the statement hooks put on
+ *	  the stack (rl_lost_push_context); a session idle in a transaction when
+ *	  the loss came fails its next statement; redis_lock_check() raises the
+ *	  same error without a round trip.  The worker decides and signals
+ *	  (watchdog.c).
  *
  *	  Must not: call hiredis or Redis (everything here reads what the
- *	  worker last saw), raise from the error-report hook, define SQL-callable
- *	  functions (functions.c does), change holds (lockrelease.c does).
+ *	  worker last saw), raise from the error-context callback, define
+ *	  SQL-callable functions (functions.c does), change holds (lockrelease.c
+ *	  does).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -24,7 +27,6 @@
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "utils/elog.h"
-#include "utils/memutils.h"
 
 /* The cause of a loss, for the error's detail */
 static const char *
@@ -47,20 +49,22 @@ typedef enum LossFor
 
 /*
  * Did the loss (found at lost_at, its holder signalled at cancelled_at)
- * come within what began at since?  For a cancel: the worker records when
- * its signal had been sent only after kill() returns, so a signal recorded
- * before the statement began was served before it (ignored while the
- * session idled) and a cancel now is someone else's; one not recorded yet,
- * or recorded since, is the worker's.  Comparing when the loss was found
- * instead would take the worker's cancel for a user's whenever the holder
- * began its next statement between the finding and the signal.
+ * come within what began at since?  For a cancel: only one the worker had
+ * recorded before it signalled (cancelled_at is RL_CANCEL_UNDER_WAY from
+ * before kill() until it returned, then when it returned), so that a
+ * user's cancel in the window between the finding and the signal stays a
+ * cancel; and not one recorded before the statement began, which was
+ * served before it (ignored while the session idled), so that a cancel
+ * now is someone else's.  Comparing when the loss was found instead would
+ * take the worker's cancel for a user's whenever the holder began its next
+ * statement between the finding and the signal.
  */
 static bool
 loss_within(LossFor what, TimestampTz since, TimestampTz lost_at,
 			TimestampTz cancelled_at)
 {
 	if (what == LOSS_FOR_CANCEL)
-		return cancelled_at == 0 || cancelled_at >= since;
+		return cancelled_at >= since;	/* 0: not signalled */
 	return lost_at >= since;
 }
 
@@ -100,31 +104,6 @@ unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
 	return NULL;
 }
 
-/*
- * A loss found for a lock whose hold an error path dropped before the error
- * was reported (redis_lock_with_lock's query cancelled because of it): kept
- * here for the report.
- */
-static struct
-{
-	bool		set;
-	char		name[RL_MAX_NAME_LEN + 1];
-	uint8		cause;
-	TimestampTz lost_at;
-	TimestampTz statement;		/* the start of the statement it is for */
-} dropped_loss;
-
-/*
- * The (sub)transaction the error ended: a kept loss that was not reported
- * (PL/pgSQL caught the cancel) is for no later error.  Called after the
- * error's report, which comes before the abort.
- */
-void
-rl_lost_forget_dropped(void)
-{
-	dropped_loss.set = false;
-}
-
 /* The loss is reported now: no WARNING about it at the next call */
 static void
 mark_reported(RLHeld *e)
@@ -135,93 +114,64 @@ mark_reported(RLHeld *e)
 }
 
 /*
- * From the error-report hook (module.c), for an error about to be
- * reported: a cancel that the worker sent because a lock of ours with
- * on_lost = error was lost becomes the loss, with its SQLSTATE (40001, a
- * retryable conflict, as the COMMIT check's) and message; the time from the
- * worker's finding to the cancel goes to the detail, so the server log has
- * it too.  Never raises: only plain strings are made, in the error's
- * context.
+ * An error-context callback, run by errfinish() for every error raised
+ * while it is on error_context_stack, before the error goes to any
+ * handler: a cancel (57014) that the worker sent because a lock of ours
+ * with on_lost = error was lost becomes the loss where it is raised, with
+ * its SQLSTATE (40001, a retryable conflict, as the COMMIT check's) and
+ * message, so that a PL/pgSQL handler for serialization_failure catches it
+ * and the client and server log get it whatever the logging settings; the
+ * time from the worker's finding to the cancel goes to the detail.  Any
+ * other cancel (the user's, statement_timeout) stays as it is.  Never
+ * raises: it only reads the table and shared memory and sets the error's
+ * fields.
  */
-void
-rl_lost_rewrite_cancel(ErrorData *edata)
+static void
+loss_for_cancel(void *arg)
 {
 	RLHeld	   *e;
 	uint8		cause;
 	TimestampTz lost_at;
-	MemoryContext old;
 	long		ms;
-	bool		permits = false;
-	const char *name;
 
-	if (edata->elevel < ERROR)
+	if (geterrcode() != ERRCODE_QUERY_CANCELED)
 		return;
-	if (edata->elevel != ERROR || edata->sqlerrcode != ERRCODE_QUERY_CANCELED)
-	{
-		dropped_loss.set = false;	/* another error ended the statement */
-		return;
-	}
-	/*
-	 * Only a loss whose cancel came in this statement: the worker's cancel
-	 * for one found while the session was idle was ignored, and a cancel
-	 * now is someone else's
-	 */
 	e = unreported_loss(LOSS_FOR_CANCEL, GetCurrentStatementStartTimestamp(),
 						&cause, &lost_at);
-	if (e != NULL)
-	{
-		mark_reported(e);
-		name = e->name;
-		permits = e->mode == RL_MODE_PERMIT;
-	}
-	else if (dropped_loss.set &&
-			 dropped_loss.statement == GetCurrentStatementStartTimestamp())
-	{
-		rl_stats_add(RL_STAT_INTERRUPTED, 1);
-		name = dropped_loss.name;
-		cause = dropped_loss.cause;
-		lost_at = dropped_loss.lost_at;
-	}
-	else
+	if (e == NULL)
 		return;
-	dropped_loss.set = false;
+	mark_reported(e);
 	ms = (long) ((GetCurrentTimestamp() - lost_at) / 1000);
-	old = MemoryContextSwitchTo(ErrorContext);
-	edata->sqlerrcode = ERRCODE_T_R_SERIALIZATION_FAILURE;
-	edata->message = permits ?
-		psprintf("permits of Redis semaphore \"%s\" were lost", name) :
-		psprintf("Redis lock \"%s\" was lost", name);
-	edata->detail = psprintf("%s The statement was cancelled %ld ms after the watchdog found it lost.",
-							 cause_text(cause), Max(ms, 0));
-	edata->hint = pstrdup("The work the lock protected is no longer protected: retry it once the lock is taken again, or set redis_lock.on_lost to warn to be only warned.");
-	MemoryContextSwitchTo(old);
+	errcode(ERRCODE_T_R_SERIALIZATION_FAILURE);
+	if (e->mode == RL_MODE_PERMIT)
+		errmsg("permits of Redis semaphore \"%s\" were lost", e->name);
+	else
+		errmsg("Redis lock \"%s\" was lost", e->name);
+	errdetail("%s The statement was cancelled %ld ms after the watchdog found it lost.",
+			  cause_text(cause), Max(ms, 0));
+	errhint("The work the lock protected is no longer protected: retry it once the lock is taken again, or set redis_lock.on_lost to warn to be only warned.");
 }
 
 /*
- * An error path is about to drop e's last hold (redis_lock_with_lock's
- * release): a loss the worker found and cancelled the statement for is kept
- * for the report of the error being handled.
+ * Put loss_for_cancel on error_context_stack, in cb (the caller's frame),
+ * for what the caller runs until rl_lost_pop_context: the hooks that run a
+ * statement (module.c) wrap it in one.  An error unwinds it with the
+ * frame, as every handler restores the stack it found.
  */
 void
-rl_lost_note_before_drop(RLHeld *e)
+rl_lost_push_context(ErrorContextCallback *cb)
 {
-	uint8		cause;
-	uint8		on_lost;
-	TimestampTz lost_at;
-	TimestampTz cancelled_at;
+	cb->callback = loss_for_cancel;
+	cb->arg = NULL;
+	cb->previous = error_context_stack;
+	error_context_stack = cb;
+}
 
-	if (e->lost || e->registry_slot < 0 ||
-		!rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost,
-						  &cancelled_at) ||
-		on_lost != RL_ON_LOST_ERROR ||
-		!loss_within(LOSS_FOR_CANCEL, GetCurrentStatementStartTimestamp(),
-					 lost_at, cancelled_at))
-		return;
-	dropped_loss.set = true;
-	strlcpy(dropped_loss.name, e->name, sizeof(dropped_loss.name));
-	dropped_loss.cause = cause;
-	dropped_loss.lost_at = lost_at;
-	dropped_loss.statement = GetCurrentStatementStartTimestamp();
+/* Take cb, pushed by rl_lost_push_context, off error_context_stack */
+void
+rl_lost_pop_context(ErrorContextCallback *cb)
+{
+	error_context_stack = cb->previous;
 }
 
 /* The loss of e, as an ERROR */

@@ -134,8 +134,6 @@ rl_release_one_error_safe(const char *name)
 	e = rl_lt_entry_find(RL_MODE_EXCLUSIVE, name);
 	if (e == NULL || e->session_holds == 0)
 		return;
-	if (RL_HOLDS(e) == 1)
-		rl_lost_note_before_drop(e);
 	e->session_holds--;
 	if (RL_HOLDS(e) > 0)
 	{

@@ -99,10 +99,9 @@ extern int	rl_held_snapshot(RLHeld **out);
 extern void rl_release_one_error_safe(const char *name);
 
 /* locklost.c: what the holder does once the worker finds a lock lost */
-extern void rl_lost_rewrite_cancel(ErrorData *edata);
+extern void rl_lost_push_context(ErrorContextCallback *cb);
+extern void rl_lost_pop_context(ErrorContextCallback *cb);
 extern void rl_lost_check_statement(void);
-extern void rl_lost_note_before_drop(RLHeld *e);
-extern void rl_lost_forget_dropped(void);
 extern bool rl_check_lock(const char *name);
 extern int	rl_release_many(const char *const *names, int n);
 /* What an operation on a lock was for, in messages */

@@ -231,7 +231,6 @@ redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
-			rl_lost_forget_dropped();
 			/* a wait cut short by an error gives up its local seat */
 			rl_waitq_leave();
 			end_of_xact();
@@ -293,7 +292,6 @@ redis_lock_locktable_subxact_callback(SubXactEvent event, SubTransactionId mySub
 	}
 	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
-	rl_lost_forget_dropped();	/* its error was caught, or reported */
 	drop_unfinished_work();
 	rl_waitq_leave();
 	/* a wait cut short (a cancel a PL/pgSQL block caught) stops listening */

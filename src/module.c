@@ -4,8 +4,9 @@
  *	  Module entry point: defines the settings, prepares the scripts and,
  *	  when loaded through shared_preload_libraries, the shared counters, the
  *	  shared registry and the watchdog worker; installs the hooks (DISCARD
- *	  ALL, and with preloading the statement check and error report of
- *	  locklost.c).  Opens no connection.
+ *	  ALL, and with preloading the statement check of locklost.c and its
+ *	  error-context callback around what runs a statement).  Opens no
+ *	  connection.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -32,7 +33,8 @@ void		_PG_init(void);
 
 static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 static ExecutorStart_hook_type prev_ExecutorStart = NULL;
-static emit_log_hook_type prev_emit_log_hook = NULL;
+static ExecutorRun_hook_type prev_ExecutorRun = NULL;
+static ExecutorFinish_hook_type prev_ExecutorFinish = NULL;
 
 /*
  * Does a utility statement go on with the transaction (so that a lock lost
@@ -54,7 +56,9 @@ continues_transaction(Node *stmt)
 /*
  * ProcessUtility_hook: after DISCARD ALL, release this session's
  * session-scoped Redis locks, as DISCARD ALL releases advisory locks (a
- * connection pooler's reset must not hand them to the next client).
+ * connection pooler's reset must not hand them to the next client).  With
+ * preloading, a lock lost while it runs (a CALL, a DO block, COMMIT) fails
+ * it first, or is raised where the worker's cancel is (rl_lost_push_context).
  */
 #if PG_VERSION_NUM < 140000
 #define readOnlyTree_arg
@@ -74,15 +78,18 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	Node	   *stmt = pstmt->utilityStmt;
 	bool		discard_all = IsA(stmt, DiscardStmt) &&
 		((DiscardStmt *) stmt)->target == DISCARD_ALL;
+	ErrorContextCallback loss_context;
 
 	if (continues_transaction(stmt))
 		rl_lost_check_statement();
+	rl_lost_push_context(&loss_context);
 	if (prev_ProcessUtility)
 		prev_ProcessUtility(pstmt, queryString, readOnlyTree_arg context,
 							params, queryEnv, dest, qc);
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree_arg context,
 								params, queryEnv, dest, qc);
+	rl_lost_pop_context(&loss_context);
 	if (discard_all)
 		rl_discard_session_locks();
 }
@@ -104,15 +111,43 @@ redis_lock_ExecutorStart(QueryDesc *queryDesc, int eflags)
 }
 
 /*
- * emit_log_hook: the cancel the watchdog worker sent because a lock was
- * lost is reported as that loss (rl_lost_rewrite_cancel).
+ * ExecutorRun_hook and ExecutorFinish_hook (which fires AFTER triggers): a
+ * cancel the worker sent because a lock was lost is raised as that loss
+ * where it is raised (rl_lost_push_context).  Only with preloading.
  */
+#if PG_VERSION_NUM >= 180000
+#define execute_once_param
+#define execute_once_arg
+#else
+#define execute_once_param , bool execute_once
+#define execute_once_arg , execute_once
+#endif
+
 static void
-redis_lock_emit_log(ErrorData *edata)
+redis_lock_ExecutorRun(QueryDesc *queryDesc, ScanDirection direction,
+					   uint64 count execute_once_param)
 {
-	rl_lost_rewrite_cancel(edata);
-	if (prev_emit_log_hook)
-		prev_emit_log_hook(edata);
+	ErrorContextCallback loss_context;
+
+	rl_lost_push_context(&loss_context);
+	if (prev_ExecutorRun)
+		prev_ExecutorRun(queryDesc, direction, count execute_once_arg);
+	else
+		standard_ExecutorRun(queryDesc, direction, count execute_once_arg);
+	rl_lost_pop_context(&loss_context);
+}
+
+static void
+redis_lock_ExecutorFinish(QueryDesc *queryDesc)
+{
+	ErrorContextCallback loss_context;
+
+	rl_lost_push_context(&loss_context);
+	if (prev_ExecutorFinish)
+		prev_ExecutorFinish(queryDesc);
+	else
+		standard_ExecutorFinish(queryDesc);
+	rl_lost_pop_context(&loss_context);
 }
 
 /*
@@ -136,7 +171,9 @@ _PG_init(void)
 	{
 		prev_ExecutorStart = ExecutorStart_hook;
 		ExecutorStart_hook = redis_lock_ExecutorStart;
-		prev_emit_log_hook = emit_log_hook;
-		emit_log_hook = redis_lock_emit_log;
+		prev_ExecutorRun = ExecutorRun_hook;
+		ExecutorRun_hook = redis_lock_ExecutorRun;
+		prev_ExecutorFinish = ExecutorFinish_hook;
+		ExecutorFinish_hook = redis_lock_ExecutorFinish;
 	}
 }

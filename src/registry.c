@@ -621,9 +621,9 @@ rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost,
 	if (rl_shared == NULL || slot < 0)
 		return false;
 	s = &rl_shared->slots[slot];
-	pg_read_barrier();
 	if (!s->st.lost)
 		return false;
+	pg_read_barrier();			/* what the worker wrote before lost */
 	*cause = s->st.lost_cause;
 	*lost_at = s->st.lost_at;
 	*on_lost = s->st.on_lost;

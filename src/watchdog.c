@@ -667,8 +667,11 @@ stop_before_signal(void)
  * cannot let the grant go meanwhile, nor leave the ProcArray, before which
  * its pid cannot be reused (a backend that crashed keeps its entry, but
  * then the postmaster at once ends every process, this one too).
- * cancelled_at records that the signal was sent, once kill() returned
- * (loss_within, locklost.c).
+ * cancelled_at records the signal in the grant's slot: RL_CANCEL_UNDER_WAY
+ * before kill(), so that the holder, which reads it unlocked when its
+ * cancel is raised, never takes the worker's signal for a user's; when it
+ * had been sent once kill() returned, so that a later statement's cancel is
+ * not taken for it (loss_within, locklost.c); 0 again if it was not sent.
  * Returns whether it was sent.
  */
 static bool
@@ -684,13 +687,16 @@ signal_holder(Job *j)
 	if (holds)
 	{
 		LWLockAcquire(ProcArrayLock, LW_SHARED);
-		sent = BackendPidGetProcWithLock(j->holder_pid) != NULL &&
-			kill(j->holder_pid,
-				 j->on_lost == RL_ON_LOST_TERMINATE ? SIGTERM : SIGINT) == 0;
+		if (BackendPidGetProcWithLock(j->holder_pid) != NULL)
+		{
+			s->st.cancelled_at = RL_CANCEL_UNDER_WAY;
+			pg_write_barrier();
+			sent = kill(j->holder_pid, j->on_lost == RL_ON_LOST_TERMINATE ?
+						SIGTERM : SIGINT) == 0;
+			s->st.cancelled_at = sent ? GetCurrentTimestamp() : 0;
+		}
 		LWLockRelease(ProcArrayLock);
 	}
-	if (sent)
-		s->st.cancelled_at = GetCurrentTimestamp();
 	LWLockRelease(rl_shared->lock);
 	return sent;
 }
@@ -698,8 +704,8 @@ signal_holder(Job *j)
 /*
  * One LOG line per lock found lost, and its holder made to act on it as it
  * asked when it took the lock (redis_lock.on_lost): error cancels its
- * running statement, which the backend reports as the loss (40001, see
- * rl_lost_report_hook); terminate ends the backend.  A backend that is idle
+ * running statement, which the backend raises as the loss (40001, see
+ * rl_lost_push_context); terminate ends the backend.  A backend that is idle
  * ignores the cancel; one idle in a transaction fails its next statement
  * (rl_lost_check_statement).  A holder that let the lock go since the loss
  * was found (or exited) is not signalled (signal_holder).

@@ -32,7 +32,8 @@ typedef struct RLLockState
 	uint8		lost_cause;		/* RLLostCause, once lost */
 	TimestampTz lost_at;		/* when the worker found it lost */
 	TimestampTz cancelled_at;	/* when its holder had been signalled for
-								 * the loss (0: not yet, or never) */
+								 * the loss (0: not yet, or never;
+								 * RL_CANCEL_UNDER_WAY: being signalled) */
 	int			session_holds;
 	int			xact_holds;
 	int64		fence;
@@ -40,6 +41,9 @@ typedef struct RLLockState
 	TimestampTz acquired_at;
 	TimestampTz last_renewed_at;
 } RLLockState;
+
+/* cancelled_at while the worker sends its signal: after any statement start */
+#define RL_CANCEL_UNDER_WAY DT_NOEND
 
 /* Why the worker found a lock lost */
 typedef enum RLLostCause

@@ -149,6 +149,7 @@ def test_on_lost_terminate_ends_the_backend(env):
     a = session()
     a.run("SET redis_lock.on_lost = terminate")
     assert a.run("SELECT redis_lock_acquire('fatal') > 0")
+    log_start = len(pg.log_text())
     a.start("SELECT pg_sleep(60)")
     testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
     t0 = time.monotonic()
@@ -158,6 +159,9 @@ def test_on_lost_terminate_ends_the_backend(env):
         DETECT + 2, 0.01, what="backend to end")
     assert time.monotonic() - t0 < DETECT + 0.5
     assert isinstance(ended_with(a, 5), psycopg2.OperationalError)
+    # PostgreSQL's own FATAL for a SIGTERM (57P01), not made a loss
+    assert "[%d] FATAL:  terminating connection due to administrator command" % a.pid \
+        in pg.log_text()[log_start:]
 
 
 def test_idle_in_transaction_fails_at_its_next_statement(env):
@@ -309,16 +313,77 @@ def test_rollback_of_a_transaction_idle_at_the_loss_succeeds(env):
     a.run("ROLLBACK")           # no error
 
 
-def test_code_that_catches_the_cancel_sees_57014(env):
+def test_a_serialization_failure_handler_catches_the_loss(env):
+    """The loss is raised where the worker's cancel is, before any handler
+    has it: PL/pgSQL's handler for serialization_failure catches it (the
+    usual way to retry on 40001), the query_canceled one does not run, and
+    it is reported once."""
     r, rc, pg, admin, session = env
     a = session()
     assert a.run("SELECT redis_lock_acquire('caught') > 0")
     a.start("DO $$ BEGIN PERFORM pg_sleep(60); "
-            "EXCEPTION WHEN query_canceled THEN RAISE NOTICE 'caught %', SQLSTATE; END $$")
+            "EXCEPTION WHEN serialization_failure THEN RAISE NOTICE 'caught %: %', SQLSTATE, SQLERRM; "
+            "WHEN query_canceled THEN RAISE NOTICE 'cancel %', SQLSTATE; END $$")
     testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
     rc.delete("caught")
     assert ended_with(a, DETECT + 2) is None
-    assert [n for n in a.conn.notices if "caught 57014" in n]
+    notices = list(a.conn.notices)
+    assert [n for n in notices if 'caught 40001: Redis lock "caught" was lost' in n], notices
+    assert not [n for n in notices if "cancel" in n], notices
+    del a.conn.notices[:]
+    a.run("SELECT redis_lock_held()")
+    assert not [n for n in a.conn.notices if "was lost" in n], a.conn.notices
+
+
+def test_a_procedure_retries_a_lost_lock_on_serialization_failure(env):
+    """A procedure that retries on 40001 sees the loss and retries: its
+    second attempt takes the lock again and ends."""
+    r, rc, pg, admin, session = env
+    a = session()
+    a.run("CREATE OR REPLACE PROCEDURE lost_retry() LANGUAGE plpgsql AS $$ "
+          "DECLARE tries int := 0; BEGIN LOOP tries := tries + 1; BEGIN "
+          "  PERFORM redis_lock_acquire('retried', xact => true); "
+          "  PERFORM pg_sleep(CASE WHEN tries = 1 THEN 60 ELSE 0 END); "
+          "  RAISE NOTICE 'done after % tries', tries; EXIT; "
+          "EXCEPTION WHEN serialization_failure THEN RAISE NOTICE 'retry after %', SQLSTATE; "
+          "END; END LOOP; END $$")
+    a.start("CALL lost_retry()")
+    testbed.wait_until(lambda: rc.exists("retried") and running(admin, a.pid), 5,
+                       what="the first attempt running")
+    rc.delete("retried")
+    assert ended_with(a, DETECT + 2) is None
+    notices = list(a.conn.notices)
+    assert [n for n in notices if "retry after 40001" in n], notices
+    assert [n for n in notices if "done after 2 tries" in n], notices
+
+
+@pytest.mark.parametrize("how", ["pg_cancel_backend", "statement_timeout"])
+def test_a_cancel_not_the_workers_stays_57014_while_a_lock_is_held(env, how):
+    """A user's cancel and statement_timeout in a statement holding a lock
+    (not lost) are what they are: 57014 to a PL/pgSQL handler and to the
+    client, the lock still held and not reported lost."""
+    r, rc, pg, admin, session = env
+    a = session()
+    assert a.run("SELECT redis_lock_acquire('kept') > 0")
+    block = ("DO $$ BEGIN PERFORM pg_sleep(60); "
+             "EXCEPTION WHEN serialization_failure THEN RAISE NOTICE 'loss %', SQLSTATE; "
+             "WHEN query_canceled THEN RAISE NOTICE 'cancel %', SQLSTATE; END $$")
+    for caught in (True, False):
+        if how == "statement_timeout":
+            a.run("SET statement_timeout = '300ms'")
+        a.start(block if caught else "SELECT pg_sleep(60)")
+        if how == "pg_cancel_backend":
+            testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+            assert testbed.sql_one(admin, "SELECT pg_cancel_backend(%s)", (a.pid,))
+        err = ended_with(a, 10)
+        a.run("RESET statement_timeout")
+        if caught:
+            assert err is None, err
+            assert [n for n in a.conn.notices if "cancel 57014" in n], a.conn.notices
+        else:
+            assert err is not None and err.pgcode == "57014", err
+    assert not [n for n in a.conn.notices if "loss" in n], a.conn.notices
+    assert a.run("SELECT redis_lock_check('kept')") is True
 
 
 def test_a_fixed_ttl_lock_is_not_watched(env):

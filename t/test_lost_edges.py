@@ -1,9 +1,8 @@
 """An adversarial review of issues 33 and 34: each test reproduced a
 suspected defect, or checks that one did not happen.  Those it found are
 fixed (a caught with_lock loss that turned a later timeout into a loss; a
-downgrade after another lock's doubt), bar one limit documented in
-doc/leases.md and kept here as an expected failure: the 40001 needs the
-error to reach the server log."""
+downgrade after another lock's doubt; the 40001 that needed the error to
+reach the server log, now raised where the cancel is)."""
 import os
 import signal
 import threading
@@ -21,20 +20,19 @@ from test_lost import DETECT, LEASE, ended_with, env, lenv, running  # noqa: F40
 
 
 def test_a_caught_with_lock_loss_does_not_turn_a_later_timeout_into_a_loss(env):
-    """locklost.c dropped_loss: set by rl_lost_note_before_drop on
-    with_lock's error path, cleared only when an error is *emitted*.  If the
-    cancel is caught (PL/pgSQL handler), it stays set, and the next
-    unrelated 57014 of the session (statement_timeout, a user's cancel)
-    is rewritten to 40001 'Redis lock "wl" was lost'."""
+    """A with_lock loss caught by a PL/pgSQL handler is reported there
+    (40001), once: the next unrelated 57014 of the session
+    (statement_timeout, no lock held any more) stays a 57014, not
+    'Redis lock "wl" was lost'."""
     r, rc, pg, admin, session = env
     a = session()
     a.start("DO $$ BEGIN PERFORM redis_lock_with_lock('wl', 'SELECT pg_sleep(60)'); "
-            "EXCEPTION WHEN query_canceled THEN RAISE NOTICE 'caught %', SQLSTATE; END $$")
+            "EXCEPTION WHEN serialization_failure THEN RAISE NOTICE 'caught %', SQLSTATE; END $$")
     testbed.wait_until(lambda: rc.exists("wl") and running(admin, a.pid), 5,
                        what="wrapped query running")
     rc.delete("wl")
     assert ended_with(a, DETECT + 2) is None
-    assert [n for n in a.conn.notices if "caught 57014" in n]
+    assert [n for n in a.conn.notices if "caught 40001" in n], a.conn.notices
     a.run("SELECT 1")
     assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
     # minutes later, no lock held at all: a plain statement_timeout
@@ -45,23 +43,27 @@ def test_a_caught_with_lock_loss_does_not_turn_a_later_timeout_into_a_loss(env):
     assert ei.value.pgcode == "57014", (ei.value.pgcode, str(ei.value))
 
 
-@pytest.mark.xfail(strict=True, reason="PostgreSQL hands an error to emit_log_hook only when it "
-                   "goes to the server log; doc/leases.md says so")
-def test_the_loss_is_40001_whatever_log_min_messages_says(env):
-    """emit_log_hook is called only when the error goes to the server log
-    (edata->output_to_server): with log_min_messages = log, fatal or panic
-    an ERROR is not logged, the rewrite never runs and the holder gets
-    'canceling statement due to user request' (57014)."""
+@pytest.mark.parametrize("log_min,client_min", [("log", "notice"), ("fatal", "error"),
+                                                ("panic", "warning")])
+def test_the_loss_is_40001_whatever_the_logging_settings(env, log_min, client_min):
+    """The loss is raised as 40001 where the cancel is, not rewritten on its
+    way to the server log: with the error not logged at all
+    (log_min_messages above error) the client still gets 40001 naming the
+    lock, and it is counted."""
     r, rc, pg, admin, session = env
     a = session()
-    a.run("SET log_min_messages = log")
+    a.run("SET log_min_messages = %s" % log_min)
+    a.run("SET client_min_messages = %s" % client_min)
     assert a.run("SELECT redis_lock_acquire('quiet') > 0")
+    before = a.run("SELECT interrupted FROM redis_lock_stats()")
     a.start("SELECT pg_sleep(60)")
     testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
     rc.delete("quiet")
     err = ended_with(a, DETECT + 2)
     assert err is not None
     assert err.pgcode == "40001", (err.pgcode, str(err))
+    assert 'Redis lock "quiet" was lost' in str(err)
+    assert a.run("SELECT interrupted FROM redis_lock_stats()") > before
 
 
 def test_a_downgrade_still_works_after_a_doubt_of_another_lock(env):

@@ -2943,3 +2943,60 @@ def test_no_install_or_update_path_runs_a_roles_code(pg, planted, start):
         admin = pg.connect()
         admin.cursor().execute("DROP DATABASE " + db)
         admin.close()
+
+
+# Issue 43 item 4: the worker's cancel for a lost lock is raised as the loss
+# (40001) where PostgreSQL raises the cancel, and only when the worker had
+# recorded it: a user's cancel in the window between the finding and the
+# signal (the loss recorded, the signal not yet) is the user's, 57014; the
+# worker's signal that follows, served while the session idles, makes no
+# later cancel a loss either; the loss is then warned about at the next call.
+
+def test_a_users_cancel_before_the_worker_signals_stays_a_cancel(pg_stop_before_signal,
+                                                                  redis_srv):
+    pg = pg_stop_before_signal
+    admin = Session(pg)
+    a = Session(pg)
+    workers = watchdog_pids(pg.postmaster_pid())
+    name = "sig-users-cancel"
+    try:
+        if admin.run("SHOW debug_assertions") != "on":
+            pytest.skip("the worker is stopped in the window only by assert-enabled builds")
+        assert a.run("SELECT redis_lock_acquire(%s) > 0", (name,))
+        a.start("SELECT pg_sleep(60)")
+        testbed.wait_until(lambda: admin.run("SELECT state = 'active' FROM pg_stat_activity "
+                                             "WHERE pid = %s", (a.pid,)), 5,
+                           what="statement running")
+        log_start = len(pg.log_text())
+        redis_srv.client().delete(name)
+        stopped = testbed.wait_until(
+            lambda: [w for w in workers if process_stopped(w)], 10,
+            what="the worker to find the loss and stop before signalling")
+        assert admin.run("SELECT lost FROM redis_lock_locks WHERE lock_name = %s", (name,))
+        assert admin.run("SELECT pg_cancel_backend(%s)", (a.pid,))
+        a.join(10)
+        assert a.error is not None and a.error.pgcode == "57014", a.error
+        for w in stopped:
+            os.kill(w, signal.SIGCONT)
+        line = 'Redis lock "%s" of process %d was lost' % (name, a.pid)
+        testbed.wait_until(lambda: line in pg.log_text()[log_start:], 10,
+                           what="the worker's LOG line about the loss")
+        assert re.search(re.escape(line) + r".*; cancelling its statement",
+                         pg.log_text()[log_start:])
+        # its signal came while the session idled: a later cancel is the user's
+        a.start("SELECT pg_sleep(60)")
+        testbed.wait_until(lambda: admin.run("SELECT state = 'active' FROM pg_stat_activity "
+                                             "WHERE pid = %s", (a.pid,)), 5,
+                           what="statement running")
+        assert admin.run("SELECT pg_cancel_backend(%s)", (a.pid,))
+        a.join(10)
+        assert a.error is not None and a.error.pgcode == "57014", a.error
+        del a.conn.notices[:]
+        a.run("SELECT redis_lock_held()")
+        assert [n for n in a.conn.notices if 'Redis lock "%s" was lost' % name in n], \
+            a.conn.notices
+    finally:
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+        a.close()
+        admin.close()
