@@ -4,8 +4,10 @@
  *	  Owns connections to Redis servers (each over a stream, stream.c): the
  *	  cache of them by endpoint and credentials, closing them (failing the
  *	  replies they still owe), the latch waits on their sockets, the copy of
- *	  hiredis replies into palloc'd RLReply trees, the building of calls,
- *	  and the messages of failed calls.
+ *	  hiredis replies into palloc'd RLReply trees and the one check of a
+ *	  reply's shape (rl_reply_fits) that every reader makes before it reads
+ *	  an element, a string or an integer, the building of calls, and the
+ *	  messages of failed calls.
  *
  *	  Every wait goes through a WaitEventSet on the process latch plus the
  *	  sockets, so query cancel, statement_timeout, backend termination and
@@ -289,6 +291,135 @@ rl_next_reply(RLConn *conn, RLReply **out, RLFailure *failure, char **errmsg)
 	}
 	PG_END_TRY();
 	return true;
+}
+
+/*
+ * Reply shapes.  Every reader of a reply declares the shapes it accepts and
+ * checks the reply against them with rl_reply_fits before it reads an
+ * element, a string or an integer of it: a reply of any other shape, from a
+ * server that is not what it seems, is never read.  A shape is one of
+ *
+ *	i	an integer			s	a bulk string		t	a bulk string or status
+ *	n	nil					e	an error			?	any reply (its reader
+ *														checks its type first)
+ *	[a b ...]	an array of exactly these elements; the last may be
+ *				followed by '*': zero or more of it
+ *	a|b		either; (a|b) groups alternatives inside an array
+ *
+ * so "[i i]|[i t]" is a two-element array of integers, or of an integer and
+ * a text.  Shapes are constants of the code: a malformed one is a bug.
+ */
+static bool shape_alternatives(const char **p, const RLReply *r);
+
+static bool
+shape_is_type(const RLReply *r, int type)
+{
+	return r != NULL && r->type == type;
+}
+
+/*
+ * Does the array r (NULL, or not an array: only step over the shape) have
+ * exactly the elements the shape at *p lists, up to its ']'?
+ */
+static bool
+shape_array(const char **p, const RLReply *r)
+{
+	bool		fits = shape_is_type(r, REDIS_REPLY_ARRAY);
+	size_t		i = 0;
+
+	for (;;)
+	{
+		const char *item;
+
+		while (**p == ' ')
+			(*p)++;
+		if (**p == ']')
+			break;
+		item = *p;
+		(void) shape_alternatives(p, NULL);
+		if (**p == '*')
+		{
+			(*p)++;
+			for (; fits && i < r->elements; i++)
+			{
+				const char *q = item;
+
+				fits = shape_alternatives(&q, r->element[i]);
+			}
+			continue;
+		}
+		if (fits && i < r->elements)
+		{
+			const char *q = item;
+
+			fits = shape_alternatives(&q, r->element[i++]);
+		}
+		else
+			fits = false;
+	}
+	(*p)++;
+	return fits && i == r->elements;
+}
+
+/* Does r fit the one shape at *p (a letter, a group or an array)? */
+static bool
+shape_term(const char **p, const RLReply *r)
+{
+	char		c = *(*p)++;
+	bool		fits;
+
+	switch (c)
+	{
+		case 'i':
+			return shape_is_type(r, REDIS_REPLY_INTEGER);
+		case 's':
+			return shape_is_type(r, REDIS_REPLY_STRING);
+		case 't':
+			return shape_is_type(r, REDIS_REPLY_STRING) ||
+				shape_is_type(r, REDIS_REPLY_STATUS);
+		case 'n':
+			return shape_is_type(r, REDIS_REPLY_NIL);
+		case 'e':
+			return shape_is_type(r, REDIS_REPLY_ERROR);
+		case '?':
+			return r != NULL;
+		case '[':
+			return shape_array(p, r);
+		case '(':
+			fits = shape_alternatives(p, r);
+			if (*(*p)++ != ')')
+				elog(ERROR, "malformed reply shape");
+			return fits;
+		default:
+			elog(ERROR, "malformed reply shape");
+	}
+	return false;				/* keep the compiler quiet */
+}
+
+/* Does r fit one of the alternatives at *p?  Steps over all of them. */
+static bool
+shape_alternatives(const char **p, const RLReply *r)
+{
+	bool		fits = shape_term(p, r);
+
+	while (**p == '|')
+	{
+		(*p)++;
+		fits |= shape_term(p, r);
+	}
+	return fits;
+}
+
+/* Does reply r (NULL: no reply) fit shape (see above)? */
+bool
+rl_reply_fits(const RLReply *r, const char *shape)
+{
+	const char *p = shape;
+	bool		fits = shape_alternatives(&p, r);
+
+	if (*p != '\0')
+		elog(ERROR, "malformed reply shape \"%s\"", shape);
+	return fits;
 }
 
 /* Is r an error reply, starting with prefix if one is given? */

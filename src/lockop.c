@@ -178,7 +178,7 @@ count_answer(RLLockOp *op, RLCall *unit, int n, FollowUps *follow)
 	{
 		char	   *type;
 
-		if (rl_sem_reply(unit, &type) != NULL)
+		if (rl_sem_reply(op->kind, unit, &type) != NULL)
 		{
 			op->yes++;
 			return;
@@ -465,7 +465,7 @@ count_round(RLLockOp *ops, int nops, const bool *unrouted, TimestampTz start,
 			{
 				RLReply    *w = unit[op->unit_calls].reply;
 
-				if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
+				if (!rl_reply_fits(w, "i") ||
 					w->integer < rl_wait_replicas)
 					op->replicas_short++;
 			}
@@ -766,7 +766,7 @@ rl_op_inspect_reply(RLLockOp *op, int node)
 	{
 		char	   *type;
 
-		return rl_sem_reply(&op->calls[node * op->stride], &type);
+		return rl_sem_reply(op->kind, &op->calls[node * op->stride], &type);
 	}
 	return rl_inspect_reply(&op->calls[node * op->stride], op->unit_calls);
 }
@@ -926,7 +926,7 @@ void
 		{
 			RLReply    *w = op->calls[j * 2 + 1].reply;
 
-			if (w == NULL || w->type != REDIS_REPLY_INTEGER ||
+			if (!rl_reply_fits(w, "i") ||
 				w->integer < rl_wait_replicas)
 				op->replicas_short++;
 		}

@@ -185,7 +185,7 @@ extern int	rl_error_reply_sqlstate(const RLReply *r);
 extern int64 rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n);
 extern void rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res);
 extern RLReply *rl_inspect_reply(RLCall *unit, int n);
-extern RLReply *rl_sem_reply(RLCall *unit, char **type);
+extern RLReply *rl_sem_reply(RLOpKind kind, RLCall *unit, char **type);
 extern bool rl_protocol_has_many(RLProtocol protocol);
 extern void rl_call_acquire_many(RLCall *call, RLConn *conn,
 								 const RLLockNames *const *names, int n,

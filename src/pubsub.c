@@ -119,9 +119,8 @@ is_message_for(RLReply *r, const char *channel)
 {
 	const char *kind;
 
-	if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-		r->element[0]->type != REDIS_REPLY_STRING ||
-		r->element[1]->type != REDIS_REPLY_STRING)
+	/* {"message", channel, payload} */
+	if (!rl_reply_fits(r, "[s s ?]"))
 		return false;
 	kind = r->element[0]->str;
 	if (strcmp(kind, "message") != 0 && strcmp(kind, "smessage") != 0)
@@ -163,7 +162,7 @@ is_key_gone(RLReply *r, const char *kchannel)
 	const char *event;
 
 	if (kchannel == NULL || !is_message_for(r, kchannel) ||
-		r->element[2]->type != REDIS_REPLY_STRING)
+		!rl_reply_fits(r->element[2], "s"))
 		return false;
 	event = r->element[2]->str;
 	return is_room_event(event);
@@ -514,10 +513,8 @@ drain_keyspace_gone(RLConn *conn, RLKeyGoneCallback gone, void *arg, bool *any)
 		}
 		if (r == NULL)
 			return true;
-		if (r->type == REDIS_REPLY_ARRAY && r->elements >= 3 &&
-			r->element[0]->type == REDIS_REPLY_STRING &&
-			r->element[1]->type == REDIS_REPLY_STRING &&
-			r->element[2]->type == REDIS_REPLY_STRING &&
+		/* {"message", keyspace channel, event} */
+		if (rl_reply_fits(r, "[s s s]") &&
 			strcmp(r->element[0]->str, "message") == 0 &&
 			strncmp(r->element[1]->str, prefix, plen) == 0 &&
 			is_gone_event(r->element[2]->str))

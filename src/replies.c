@@ -5,7 +5,10 @@
  *	  scripted or script-free: grants, flags, found leases, inspection,
  *	  which call of a unit failed or may have run, and what an error reply
  *	  proves (nothing ran; a refusal that would come again) and the
- *	  SQLSTATE it gets.
+ *	  SQLSTATE it gets.  Each operation declares the reply shapes it
+ *	  accepts (the SHAPE_* below, in rl_reply_fits' grammar), and no
+ *	  decoder reads an element, a string or an integer of a reply that
+ *	  did not fit them.
  *
  *	  Must not: build or send commands, keep state about held locks or
  *	  waits, or decide anything from the answers of several nodes (lockop.c
@@ -21,6 +24,33 @@
 #include "protocol_int.h"
 
 #include <hiredis/hiredis.h>
+
+/* ----------------------------------------------------------------
+ * The shapes each operation accepts (rl_reply_fits), from the scripts'
+ * returns (scripts.c) and the script-free forms' commands (scriptfree.c)
+ * ----------------------------------------------------------------
+ */
+/* {1, fence} | {0, pttl[, publishes]} | {-1, type} */
+#define SHAPE_ACQUIRE		"[i i]|[i i i]|[i t]"
+/* {1, fence...} | {0, index, pttl, publishes} | {-1, index, type} | {-2, index} */
+#define SHAPE_ACQUIRE_MANY	"[i i i*]|[i i t]"
+/* release, extend, renew, force, dequeue: n | {-1, type} */
+#define SHAPE_FLAG			"i|[i t]"
+/* {type} | {type, pttl, a string's value} | {type, pttl, a hash's holders} */
+#define SHAPE_INSPECT		"[t]|[t i s]|[t i [s*]]"
+/* a semaphore's status: {exists, free, taken} | {-1, type} */
+#define SHAPE_SEM_STATUS	"[i i i]|[i t]"
+/* a semaphore's set-up: 1 set, 0 it had a count | {-1, type} */
+#define SHAPE_SEM_SETUP		"i|[i t]"
+/*
+ * EXEC of the script-free acquire: SET ... GET (nil: set; the value found;
+ * WRONGTYPE), [SET NX of the counter, its INCR (an error: not a counter),]
+ * PTTL, TYPE
+ */
+#define SHAPE_FREE_ACQUIRE	"[(n|s|e) i t]"
+#define SHAPE_FREE_ACQUIRE_FENCED "[(n|s|e) (t|n) (i|e) i t]"
+/* EXEC of the script-free inspect: TYPE, PTTL, GETRANGE, HRANDFIELD */
+#define SHAPE_FREE_INSPECT	"[t i ? ?]"
 
 /* ----------------------------------------------------------------
  * Replies
@@ -56,12 +86,12 @@ is_status(const RLReply *r, const char *text)
 
 /*
  * The array EXEC answered for a MULTI ... EXEC unit of n calls, once MULTI
- * said OK and every command in between QUEUED; NULL otherwise (a command
- * refused while queued -- an ACL, a redirection -- aborts the transaction:
- * nothing of it ran).
+ * said OK and every command in between QUEUED, if it fits shape; NULL
+ * otherwise (a command refused while queued -- an ACL, a redirection --
+ * aborts the transaction: nothing of it ran).
  */
 static RLReply *
-exec_reply(RLCall *unit, int n)
+exec_reply(RLCall *unit, int n, const char *shape)
 {
 	RLReply    *r = unit[n - 1].reply;
 	int			i;
@@ -71,7 +101,7 @@ exec_reply(RLCall *unit, int n)
 	for (i = 1; i < n - 1; i++)
 		if (!is_status(unit[i].reply, "QUEUED"))
 			return NULL;
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != (size_t) (n - 2))
+	if (!rl_reply_fits(r, shape) || r->elements != (size_t) (n - 2))
 		return NULL;
 	return r;
 }
@@ -83,8 +113,9 @@ exec_reply(RLCall *unit, int n)
 static void
 free_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
 {
-	RLReply    *x = exec_reply(unit, n);
 	bool		fence = n == 7;
+	RLReply    *x = exec_reply(unit, n, fence ? SHAPE_FREE_ACQUIRE_FENCED :
+							   SHAPE_FREE_ACQUIRE);
 	RLReply    *got;
 	RLReply    *incr;
 	RLReply    *pttl;
@@ -97,8 +128,6 @@ free_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
 	incr = fence ? x->element[2] : NULL;
 	pttl = x->element[fence ? 3 : 1];
 	type = x->element[fence ? 4 : 2];
-	if (!is_text(type) || pttl->type != REDIS_REPLY_INTEGER)
-		return;
 	if (got->type == REDIS_REPLY_ERROR)
 	{
 		if (strncmp(got->str, "WRONGTYPE", 9) == 0 && strcmp(type->str, "string") != 0)
@@ -116,10 +145,8 @@ free_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
 										strlen(RL_TOKEN_MARKER)) == 0;
 		return;
 	}
-	if (got->type != REDIS_REPLY_NIL && got->type != REDIS_REPLY_STRING)
-		return;
 	/* ours now, or ours already: the counter has counted for us */
-	if (incr != NULL && incr->type != REDIS_REPLY_INTEGER)
+	if (incr != NULL && !rl_reply_fits(incr, "i"))
 		return;
 	res->fence = incr != NULL ? incr->integer : 0;
 	res->outcome = got->type == REDIS_REPLY_NIL ? RL_ACQ_GRANTED : RL_ACQ_OURS;
@@ -145,28 +172,26 @@ rl_parse_acquire(RLCall *unit, int n, RLAcquireResult *res)
 			res->failure = NULL;
 		return;
 	}
-	/* {1, fence} | {0, pttl[, publishes]} | {-1, type}; anything else failed */
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-		r->elements > 3 || r->element[0]->type != REDIS_REPLY_INTEGER)
+	/* anything but SHAPE_ACQUIRE, or another verdict, failed */
+	if (!rl_reply_fits(r, SHAPE_ACQUIRE))
 		return;
 	switch (r->element[0]->integer)
 	{
 		case 1:
-			if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_INTEGER)
+			if (!rl_reply_fits(r, "[i i]"))
 				break;
 			res->outcome = RL_ACQ_GRANTED;
 			res->fence = r->element[1]->integer;
 			break;
 		case 0:
-			if (r->element[1]->type != REDIS_REPLY_INTEGER ||
-				(r->elements == 3 && r->element[2]->type != REDIS_REPLY_INTEGER))
+			if (!rl_reply_fits(r, "[i i]|[i i i]"))
 				break;
 			res->outcome = RL_ACQ_BUSY;
 			res->pttl = r->element[1]->integer;
 			res->holder_publishes = r->elements == 3 && r->element[2]->integer == 1;
 			break;
 		case -1:
-			if (r->elements != 2 || !is_text(r->element[1]))
+			if (!rl_reply_fits(r, "[i t]"))
 				break;
 			res->outcome = RL_ACQ_WRONGTYPE;
 			res->type = r->element[1]->str;
@@ -190,13 +215,11 @@ rl_parse_acquire_many(RLCall *call, int n, RLAcquireManyResult *res)
 
 	memset(res, 0, sizeof(*res));
 	res->outcome = RL_ACQ_FAILED;
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+	if (!rl_reply_fits(r, SHAPE_ACQUIRE_MANY))
 		return;
-	for (i = 0; i < r->elements; i++)
-		if (r->element[i]->type != REDIS_REPLY_INTEGER &&
-			!(i == 2 && r->element[0]->type == REDIS_REPLY_INTEGER &&
-			  r->element[0]->integer == -1 && is_text(r->element[i])))
-			return;
+	/* only {-1, index, type} has a text */
+	if (rl_reply_fits(r, "[i i t]") != (r->element[0]->integer == -1))
+		return;
 	if (r->element[0]->integer == 1)
 	{
 		if (r->elements != (size_t) n + 1)
@@ -273,22 +296,20 @@ rl_inspect_reply_valid(const RLReply *r)
 	size_t		i;
 	bool		writer;
 
-	if (r == NULL || r->type != REDIS_REPLY_ARRAY ||
-		(r->elements != 1 && r->elements != 3) || !is_type_name(r->element[0]))
+	if (!rl_reply_fits(r, SHAPE_INSPECT) || !is_type_name(r->element[0]))
 		return false;
 	if (r->elements == 1)
 		return true;
-	if (r->element[1]->type != REDIS_REPLY_INTEGER || r->element[1]->integer < 0)
+	if (r->element[1]->integer < 0)
 		return false;
 	v = r->element[2];
 	if (bytes_are(r->element[0], "string"))
-		return v->type == REDIS_REPLY_STRING && rl_is_lock_value(v->str, v->len);
-	if (!bytes_are(r->element[0], "hash") || v->type != REDIS_REPLY_ARRAY ||
+		return rl_reply_fits(v, "s") && rl_is_lock_value(v->str, v->len);
+	if (!bytes_are(r->element[0], "hash") || !rl_reply_fits(v, "[s*]") ||
 		v->elements == 0 || v->elements > RL_LOCK_FIELDS_MAX)
 		return false;
 	for (i = 0; i < v->elements; i++)
-		if (v->element[i]->type != REDIS_REPLY_STRING ||
-			!rl_is_holder_field(v->element[i]->str, v->element[i]->len, &writer))
+		if (!rl_is_holder_field(v->element[i]->str, v->element[i]->len, &writer))
 			return false;
 	return true;
 }
@@ -307,7 +328,7 @@ free_hash_holders(const RLReply *kv)
 	int			writers = 0;
 	size_t		i;
 
-	if (kv->type != REDIS_REPLY_ARRAY || kv->elements % 2 != 0 ||
+	if (!rl_reply_fits(kv, "[s*]") || kv->elements % 2 != 0 ||
 		kv->elements / 2 > RL_LOCK_FIELDS_MAX)
 		return NULL;
 	holders = palloc0(sizeof(RLReply));
@@ -319,8 +340,6 @@ free_hash_holders(const RLReply *kv)
 		RLReply    *v = kv->element[i + 1];
 		bool		writer;
 
-		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
-			return NULL;
 		if (bytes_are(f, "mode"))
 		{
 			if (!bytes_are(v, "read") && !bytes_are(v, "write"))
@@ -365,9 +384,8 @@ rl_inspect_reply(RLCall *unit, int n)
 
 	if (is_script_unit(unit))
 		return rl_inspect_reply_valid(unit->reply) ? unit->reply : NULL;
-	x = exec_reply(unit, n);
-	if (x == NULL || x->elements != 4 || !is_text(x->element[0]) ||
-		x->element[1]->type != REDIS_REPLY_INTEGER)
+	x = exec_reply(unit, n, SHAPE_FREE_INSPECT);
+	if (x == NULL)
 		return NULL;
 	type = x->element[0];
 	pttl = x->element[1];
@@ -375,7 +393,7 @@ rl_inspect_reply(RLCall *unit, int n)
 	{
 		/* GETRANGE gave at most RL_LOCK_VALUE_MAX + 1 bytes */
 		v = x->element[2];
-		if (v->type != REDIS_REPLY_STRING || !rl_is_lock_value(v->str, v->len))
+		if (!rl_reply_fits(v, "s") || !rl_is_lock_value(v->str, v->len))
 			v = NULL;
 	}
 	else if (pttl->integer >= 0 && bytes_are(type, "hash"))
@@ -562,7 +580,7 @@ rl_unit_may_have_run(RLCall *unit, int n)
 		if (unit[i].reply == NULL && unit[i].sent)
 			return true;
 	return pg_strcasecmp(unit->argv[0], "MULTI") == 0 && n > 1 &&
-		x != NULL && x->type == REDIS_REPLY_ARRAY;
+		rl_reply_fits(x, "[?*]");
 }
 
 /*
@@ -590,47 +608,37 @@ rl_extend_found_ttl(RLOpKind kind, RLCall *unit, int n)
 	if (!is_script_unit(unit))
 	{
 		/* the renewal's PTTL, just before its SET */
-		if (kind == RL_OP_RENEW && r != NULL && r->type == REDIS_REPLY_INTEGER &&
-			r->integer >= 0)
+		if (kind == RL_OP_RENEW && rl_reply_fits(r, "i") && r->integer >= 0)
 			return r->integer;
 		return -1;
 	}
-	if (r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer >= 2)
+	if (rl_reply_fits(r, "i") && r->integer >= 2)
 		return r->integer - 2;
 	return -1;
 }
 
 /*
- * The answer of a semaphore's status or set-up script on one node: an
- * integer (set up: 1 set, 0 it had a count), or {exists, free, taken}
- * (status); NULL with *type set for {-1, type}, a key of another kind;
- * NULL for anything else.
+ * The answer of a semaphore's status (kind RL_OP_SEM_STATUS: {exists, free,
+ * taken}) or set-up script (RL_OP_SEM_SETUP: an integer, 1 set, 0 it had a
+ * count) on one node; NULL with *type set for {-1, type}, a key of another
+ * kind; NULL for anything else, the other operation's shape included.
  */
 RLReply *
-rl_sem_reply(RLCall *unit, char **type)
+rl_sem_reply(RLOpKind kind, RLCall *unit, char **type)
 {
 	RLReply    *r = unit->reply;
-	size_t		i;
 
+	Assert(kind == RL_OP_SEM_STATUS || kind == RL_OP_SEM_SETUP);
 	*type = NULL;
-	if (r == NULL)
+	if (!rl_reply_fits(r, kind == RL_OP_SEM_STATUS ? SHAPE_SEM_STATUS :
+					   SHAPE_SEM_SETUP))
 		return NULL;
-	if (r->type == REDIS_REPLY_INTEGER)
-		return r;
-	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-		r->element[0]->type != REDIS_REPLY_INTEGER)
-		return NULL;
-	if (r->element[0]->integer == -1)
+	if (rl_reply_fits(r, "[i t]"))
 	{
-		if (r->elements == 2 && is_text(r->element[1]))
+		if (r->element[0]->integer == -1)
 			*type = r->element[1]->str;
 		return NULL;
 	}
-	if (r->elements != 3)
-		return NULL;
-	for (i = 0; i < r->elements; i++)
-		if (r->element[i]->type != REDIS_REPLY_INTEGER)
-			return NULL;
 	return r;
 }
 
@@ -678,14 +686,14 @@ free_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
 		return RL_FLAG_NO;
 	if (kind == RL_OP_RELEASE)
 	{
-		if (r->type != REDIS_REPLY_INTEGER)
+		if (!rl_reply_fits(r, "i"))
 			return RL_FLAG_FAILED;
 		return r->integer == 1 ? RL_FLAG_YES : RL_FLAG_NO;
 	}
 	/* SET ... IFEQ: OK, or nil when the key is not ours (or not there) */
 	if (is_status(r, "OK"))
 		return RL_FLAG_YES;
-	if (r->type == REDIS_REPLY_NIL)
+	if (rl_reply_fits(r, "n"))
 		return RL_FLAG_NO;
 	return RL_FLAG_FAILED;
 }
@@ -704,11 +712,11 @@ rl_parse_flag(RLOpKind kind, RLCall *unit, int n, char **text)
 	*text = NULL;
 	if (!is_script_unit(unit))
 		return free_parse_flag(kind, unit, n, text);
-	if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+	if (!rl_reply_fits(r, SHAPE_FLAG))
+		return RL_FLAG_FAILED;
+	if (rl_reply_fits(r, "i"))
 		return r->integer ? RL_FLAG_YES : RL_FLAG_NO;
-	if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-		r->element[0]->type == REDIS_REPLY_INTEGER &&
-		r->element[0]->integer == -1 && is_text(r->element[1]))
+	if (r->element[0]->integer == -1)
 	{
 		*text = r->element[1]->str;
 		return RL_FLAG_WRONGTYPE;

@@ -311,7 +311,10 @@ redis_semaphore_status(PG_FUNCTION_ARGS)
 	if (!RL_OP_YES(&op))
 		rl_raise_undecided(RL_ACTION_INSPECT, name, &op);
 	r = rl_op_inspect_reply(&op, 0);
-	/* {exists, free (-1: the caller's limit less taken), taken} */
+	/*
+	 * {exists, free (-1: the caller's limit less taken), taken}: rl_sem_reply
+	 * hands a status op nothing else
+	 */
 	taken = r->element[2]->integer;
 	values[0] = BoolGetDatum(r->element[0]->integer == 1);
 	if (r->element[1]->integer >= 0)

@@ -234,8 +234,8 @@ is_master(const RLEndpoint *ep)
 	memset(&call, 0, sizeof(call));
 	rl_call_set(&call, rl_conn_for(ep, false), 1, argv, NULL);
 	rl_run(&call, 1, RL_RUN_SOFT, rl_command_timeout_ms);
-	return call.reply != NULL && call.reply->type == REDIS_REPLY_ARRAY &&
-		call.reply->elements > 0 && call.reply->element[0]->str != NULL &&
+	/* {"master", offset, replicas} */
+	return rl_reply_fits(call.reply, "[t ?*]") &&
 		strcmp(call.reply->element[0]->str, "master") == 0;
 }
 
@@ -268,9 +268,8 @@ discover_master(RLTarget *t, char **error)
 		char	   *end;
 		long		port;
 
-		if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-			r->element[0]->type != REDIS_REPLY_STRING ||
-			r->element[1]->type != REDIS_REPLY_STRING)
+		/* {host, port} */
+		if (!rl_reply_fits(r, "[s s]"))
 		{
 			if (why == NULL)
 				why = calls[i].error ? rl_call_problem(&calls[i]) :
@@ -380,7 +379,7 @@ load_slots(RLTarget *t, const RLConn *avoid, char **error)
 			continue;
 		rl_run(&call, 1, RL_RUN_SOFT, rl_command_timeout_ms);
 		r = call.reply;
-		if (r == NULL || r->type != REDIS_REPLY_ARRAY)
+		if (!rl_reply_fits(r, "[?*]"))
 		{
 			if (why == NULL)
 				why = call.error || (r && r->type == REDIS_REPLY_ERROR) ?
@@ -403,18 +402,13 @@ load_slots(RLTarget *t, const RLConn *avoid, char **error)
 			int			s1;
 
 			/* {first slot, last slot, {host, port, ...}, replicas...} */
-			if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
-				range->element[0]->type != REDIS_REPLY_INTEGER ||
-				range->element[1]->type != REDIS_REPLY_INTEGER)
+			if (!rl_reply_fits(range, "[i i [s i ?*] ?*]"))
 				continue;
 			first = range->element[0]->integer;
 			last = range->element[1]->integer;
 			master = range->element[2];
 			if (first < 0 || last > 16383 || first > last ||
-				master->type != REDIS_REPLY_ARRAY || master->elements < 2 ||
-				master->element[0]->type != REDIS_REPLY_STRING ||
-				master->element[0]->len >= sizeof(ep->host) ||
-				master->element[1]->type != REDIS_REPLY_INTEGER)
+				master->element[0]->len >= sizeof(ep->host))
 				continue;
 			port = master->element[1]->integer;
 			if (port < 1 || port > 65535)

@@ -278,15 +278,15 @@ note_commands(RLConn *conn, RLReply *r)
 	}
 	if (r->type == REDIS_REPLY_ERROR)
 		refusal = r->str;
-	else if (r->type != REDIS_REPLY_ARRAY || r->elements != (size_t) probe_n)
+	else if (!rl_reply_fits(r, "[?*]") || r->elements != (size_t) probe_n)
 		refusal = "unexpected reply to COMMAND INFO";
 	else
 	{
 		int			i;
 
+		/* a command's description, or nil (empty, older servers): unknown */
 		for (i = 0; i < probe_n; i++)
-			if (r->element[i]->type == REDIS_REPLY_ARRAY &&
-				r->element[i]->elements > 0)
+			if (rl_reply_fits(r->element[i], "[? ?*]"))
 				known |= 1 << i;
 	}
 	if (refusal != NULL)
@@ -387,9 +387,8 @@ push_matches(RLCall *call, RLReply *r)
 	const char *cmd = call->argv[0];
 	const char *kind;
 
-	if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-		r->element[0]->type != REDIS_REPLY_STRING ||
-		r->element[1]->type != REDIS_REPLY_STRING)
+	/* {kind, channel, subscriptions} */
+	if (!rl_reply_fits(r, "[s s ?*]"))
 		return false;
 	kind = r->element[0]->str;
 	if (pg_strcasecmp(kind, cmd) != 0)

@@ -167,6 +167,7 @@ extern bool rl_wait_keyspace_gone(RLConn **conns, int n, long timeout_ms,
 								  RLKeyGoneCallback gone, void *arg);
 
 extern bool rl_reply_is_error(RLReply *r, const char *prefix);
+extern bool rl_reply_fits(const RLReply *r, const char *shape);
 
 /* Calls in the group that starts at calls[i] (see RLCall.follows) */
 static inline int

@@ -243,7 +243,11 @@ class FakeRedis:
             armed = self.armed.get(kind)
             if armed is not None:
                 armed.hits += 1
-            good = self._normal(kind, argv)
+            # what a real server would answer (and do), unless armed with
+            # a reply of its own: a command the fake does not model (a
+            # semaphore's script) then still gets the armed reply
+            good = None if armed is not None and armed.mode in ("raw", "close", "hang") \
+                else self._normal(kind, argv)
         if armed is None:
             c.sendall(good)
             return True

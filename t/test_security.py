@@ -34,7 +34,7 @@ from redis.lock import Lock
 import testbed
 from conftest import Session, wait_for_wait_event
 from renewals import watchdog_pids
-from test_hostile import FakeRedis, array, bulk, integer
+from test_hostile import Armed, FakeRedis, array, bulk, integer
 from testbed import TIME_SCALE as S
 
 
@@ -3000,3 +3000,47 @@ def test_a_users_cancel_before_the_worker_signals_stays_a_cancel(pg_stop_before_
             os.kill(w, signal.SIGCONT)
         a.close()
         admin.close()
+
+
+# ============================================================================
+# Issue 42, item 2: one Redis reply crashed the whole server
+# ============================================================================
+# A semaphore's status and set-up scripts were read through one decoder that
+# took the set-up's reply shape, an integer, for either: a status answered
+# ":1" was then read as the array {exists, free, taken}, a SIGSEGV, and the
+# postmaster restarted every backend.  Each operation now declares the reply
+# shapes it accepts and nothing is read of a reply that does not fit
+# (rl_reply_fits, src/connection.c); t/test_reply_fuzz.py sends every
+# operation every malformed shape.
+SCRIPT_KINDS = ("acquire", "release", "extend", "inspect", "force")
+
+
+@pytest.mark.parametrize("layout", ["redisson", "redis_semaphore"])
+def test_a_semaphore_status_answered_with_an_integer_is_an_error_not_a_crash(
+        pg_fake, fake, layout):
+    fake.reset()
+    log_start = len(pg_fake.log_text())
+    bystander = pg_fake.connect()
+    conn = pg_fake.connect()     # a superuser: the status is not PUBLIC's
+    try:
+        one(bystander, "BEGIN")
+        bystander_pid = one(bystander, "SELECT pg_backend_pid()")
+        one(conn, "SET redis_lock.semaphore_protocol = %s", (layout,))
+        armed = {kind: Armed("raw", b":1\r\n") for kind in SCRIPT_KINDS}
+        for kind, a in armed.items():   # whatever the fake takes the script for
+            fake.arm(kind, a)
+        with pytest.raises(psycopg2.Error) as err:
+            one(conn, "SELECT taken FROM redis_semaphore_status('sem', 5)")
+        fake.disarm()
+        assert sum(a.hits for a in armed.values()) > 0, "the script never reached the fake"
+        assert err.value.pgcode is not None and err.value.pgcode[:2] != "XX", \
+            "%s: %s" % (err.value.pgcode, err.value.pgerror)
+        # the session, and the bystander's open transaction, carry on
+        assert one(conn, "SELECT 1") == 1
+        assert one(bystander, "SELECT pg_backend_pid()") == bystander_pid
+        one(bystander, "COMMIT")
+        assert_alive(pg_fake, log_start)
+    finally:
+        fake.disarm()
+        bystander.close()
+        conn.close()
