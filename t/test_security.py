@@ -14,6 +14,23 @@ doc/security.md is the threat model these tests prove.
 6. A lock name could take the place of another lock's fence counter.
 7. A hostile Redis could make a backend buffer replies without bound.
 8. redis_lock_all_locks() showed every session's locks to every role.
+
+Issue 42, the second round (each section's tests failed on the build before
+its fix; the sections are at the end of the file):
+
+9. An upgrade script's operator resolved to one a role planted in public
+   (superuser on 13/14); every install and update path is now checked with
+   look-alikes planted.
+10. A semaphore status answered with an integer crashed the server (and
+    t/test_reply_fuzz.py: no malformed reply crashes a backend).
+11. redis_lock_force_release deleted keys redis_lock_status calls no lock.
+12. One role could take every keyspace watch of the worker.
+13. The password file's path reached any session in a WARNING.
+14. The worker's signal could reach a process that no longer held the lost
+    grant (assert-enabled builds); a user's cancel before the worker's
+    signal stays 57014 (issue 43).
+15. A lock taken in another role's SECURITY DEFINER function was charged
+    to that role (to no limit for a superuser's).
 """
 import fnmatch
 import os
