@@ -912,6 +912,22 @@ redis_lock_status(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Force release found a string that redis_lock_status shows as no lock (no
+ * TTL, a counter, a value of no lock's form): strings are what the simple
+ * layout's locks are, so "not a lock of protocol simple" would mislead.
+ */
+static void
+refuse_force_of_string(const char *name, const RLLockNames *n)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+			 errmsg("Redis key \"%s\" holds a string that is not a lock", n->key),
+			 errdetail("Lock \"%s\" maps to that key, whose value redis_lock_status shows as no lock (no TTL, a counter, or a value of no lock's form); the key was not changed.",
+					   name),
+			 errhint("If you know it is an abandoned lock, such as a redis-py lock taken without a timeout, delete it in Redis.")));
+}
+
+/*
  * redis_lock_force_release(lock_name): delete the lock whoever holds it and
  * wake its waiters.  A key of a foreign type is refused, never deleted.
  */
@@ -929,6 +945,9 @@ redis_lock_force_release(PG_FUNCTION_ARGS)
 	op.target = lock_names_for(name, &e, &names);
 	op.names = &names;
 	rl_lock_ops_run(&op, 1, RL_RUN_HARD);
+	if (op.wrongtype != NULL && strcmp(op.wrongtype, "string") == 0 &&
+		!RL_PROTOCOL_IS_SEM(names.protocol))
+		refuse_force_of_string(name, &names);
 	if (op.wrongtype != NULL)
 		rl_raise_wrong_type(name, &names, op.wrongtype);
 	if (op.failed > 0 && op.yes == 0)

@@ -217,10 +217,19 @@ end_of_xact(void)
 void
 redis_lock_locktable_xact_callback(XactEvent event, void *arg)
 {
+	ErrorContextCallback loss_context;
+
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
+			/*
+			 * the worker's cancel for a lost lock that lands while the
+			 * verify waits (an implicit COMMIT, outside the statement's
+			 * hooks) is that loss too (rl_lost_push_context)
+			 */
+			rl_lost_push_context(&loss_context);
 			verify_xact_locks();
+			rl_lost_pop_context(&loss_context);
 			break;
 		case XACT_EVENT_PRE_PREPARE:
 			if (any_xact_holds())

@@ -295,6 +295,10 @@ wake_worker(RLLane lane)
  * one SET ROLE chose (GetOuterUserId), never to the owner of a SECURITY
  * DEFINER function it runs: through another role's function, a superuser's
  * above all, a role would otherwise escape redis_lock.max_locks_per_role.
+ * Inside a security-restricted operation (VACUUM, ANALYZE, REINDEX, REFRESH
+ * MATERIALIZED VIEW, autovacuum: a table owner's index expressions and view
+ * queries run as that owner) the owner is charged, not the superuser who
+ * started it, whose locks no limit would count.
  */
 int
 rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
@@ -306,7 +310,8 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	int			nfree;
 	size_t		keylen = strlen(names->key);
 	size_t		namelen = strlen(name);
-	Oid			roleid = GetOuterUserId();
+	Oid			roleid = InSecurityRestrictedOperation() ? GetUserId() :
+		GetOuterUserId();
 	int			role_limit;
 
 	if (rl_shared == NULL)
@@ -377,6 +382,7 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 	s->st.permits = names->permits;
 	s->st.watchdog = false;
 	s->st.lost = false;
+	s->st.lost_cause = RL_LOST_NOT_OURS;
 	s->st.lost_at = 0;
 	s->st.cancelled_at = 0;
 	s->st.on_lost = RL_ON_LOST_WARN;

@@ -682,8 +682,9 @@ signal_holder(Job *j)
 	bool		sent = false;
 
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	/* still lost: a COMMIT may have withdrawn a presumed loss meanwhile */
 	holds = s->generation == j->generation && s->state == SLOT_HELD &&
-		s->st.pid == j->holder_pid;
+		s->st.pid == j->holder_pid && s->st.lost;
 	if (holds)
 	{
 		LWLockAcquire(ProcArrayLock, LW_SHARED);

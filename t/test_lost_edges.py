@@ -253,3 +253,38 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode):
     finally:
         proxy.held = False
         a.close()
+
+
+def test_a_loss_that_cancels_an_implicit_commits_verify_is_a_40001(penv):
+    """Review of issue 43 item 4: the worker's cancel is raised as the loss
+    by an error-context callback that the statement's hooks put in place;
+    an autocommit statement's COMMIT runs after them, and its verify waits
+    on Redis.  A cancel landing there was a plain 57014.  Here the verify's
+    reply is held back (as every reply: the worker's renewals go unanswered
+    too) until the worker presumes the lock lost and signals the session,
+    which is waiting in that verify."""
+    r, proxy, pg, admin = penv
+    rc = r.client()
+    rc.flushall()
+    a = Session(pg)
+    try:
+        # the verify outlasts the worker's presumption (a 3 s lease)
+        a.run("SET redis_lock.command_timeout = '20s'")
+        # granted at t0; the worker presumes it lost no earlier than t0 + 3 s
+        # (a lease without an answered renewal), after the sleep's 1.5 s
+        a.start("SELECT redis_lock_acquire('ic', xact => true), pg_sleep(1.5)")
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+            (a.pid,)), 5, 0.005, what="the grant's reply read, the sleep begun")
+        held_at = time.monotonic()
+        proxy.held = True               # from now on: the COMMIT's verify
+        a.join(25)
+        assert a.error is not None, "the statement's COMMIT succeeded"
+        # not in the sleep (the executor's hook would have made that one a
+        # 40001 before): after it, in the COMMIT
+        assert a.finished_at - held_at > 1.5, a.finished_at - held_at
+        assert a.error.pgcode == "40001", (a.error.pgcode, str(a.error))
+        assert 'Redis lock "ic" was lost' in str(a.error), str(a.error)
+    finally:
+        proxy.held = False
+        a.close()

@@ -2240,6 +2240,40 @@ def test_a_security_definer_function_charges_its_caller_not_its_owner(pg_limits,
             cur.execute("DROP FUNCTION IF EXISTS %s(text)" % func)
 
 
+def test_a_security_restricted_operation_charges_the_tables_owner(pg_limits, admin):
+    """Review of the rule above: inside a security-restricted operation
+    (REFRESH MATERIALIZED VIEW, VACUUM, ANALYZE, REINDEX, autovacuum) a
+    table owner's query runs as that owner while the session's role stays
+    the superuser who started it, whom no limit counts: the owner's code
+    took any number of locks through a superuser's REFRESH.  There the
+    owner is charged."""
+    make_login_role(admin, "mv_owner")
+    with admin.cursor() as cur:
+        cur.execute("DROP MATERIALIZED VIEW IF EXISTS mv_takes_locks")
+        cur.execute("GRANT CREATE ON SCHEMA public TO mv_owner")
+    c = pg_limits.connect(user="mv_owner")
+    try:
+        with c.cursor() as cur:
+            cur.execute("CREATE MATERIALIZED VIEW mv_takes_locks AS "
+                        "SELECT redis_lock_acquire('mv:a') > 0 AND "
+                        "redis_lock_acquire('mv:b') > 0 AS taken WITH NO DATA")
+        with admin.cursor() as cur:
+            cur.execute("SET redis_lock.max_locks_per_role = 1")
+            try:
+                with pytest.raises(psycopg2.errors.ConfigurationLimitExceeded) as ei:
+                    cur.execute("REFRESH MATERIALIZED VIEW mv_takes_locks")
+                assert 'role "mv_owner"' in ei.value.diag.message_primary, str(ei.value)
+            finally:
+                admin.rollback()
+                cur.execute("SELECT redis_lock_release_all()")
+                cur.execute("RESET redis_lock.max_locks_per_role")
+    finally:
+        c.close()
+        with admin.cursor() as cur:
+            cur.execute("DROP MATERIALIZED VIEW IF EXISTS mv_takes_locks")
+            cur.execute("REVOKE CREATE ON SCHEMA public FROM mv_owner")
+
+
 # ============================================================================
 # Issue 42: the worker signalled whoever had the pid of a lost lock's holder
 # ============================================================================
