@@ -515,16 +515,23 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 
 /*
  * Wait until the worker has no command for slot under way (it sends at most
- * a command_timeout's worth).  Caller holds the registry lock exclusively;
- * returns with it held.  Cancel and terminate end the wait: never called
- * with interrupts held other than by that lock (callers check,
- * rl_assert_may_wait, before they take it).
+ * a command_timeout's worth), for at most twice command_timeout and a
+ * second: a worker that is stopped or stuck must not hold the session up
+ * for good.  Returns whether the command is over.  Caller holds the
+ * registry lock exclusively; returns with it held.  Cancel and terminate
+ * end the wait: never called with interrupts held other than by that lock
+ * (callers check, rl_assert_may_wait, before they take it).
  */
-static void
+static bool
 wait_out_worker(RLSlot *s)
 {
+	TimestampTz give_up = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													  2 * (int64) rl_command_timeout_ms + 1000);
+
 	while (s->in_flight)
 	{
+		if (GetCurrentTimestamp() >= give_up)
+			return false;
 		LWLockRelease(rl_shared->lock);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 2, rl_wait_event(RL_WAIT_REPLY));
@@ -532,6 +539,7 @@ wait_out_worker(RLSlot *s)
 		CHECK_FOR_INTERRUPTS();
 		LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
 	}
+	return true;
 }
 
 /*
@@ -540,9 +548,11 @@ wait_out_worker(RLSlot *s)
  * RL_RECLAIMED when it is ours again, reserved, with no command of the
  * worker's under way; RL_RECLAIM_SETTLED when the worker has settled it
  * already (the slot is no longer ours).  A command of the worker's under way
- * is waited out, interruptibly; with interrupts held it is not (a cancel
- * would be held off for the worker's command_timeout): the slot stays the
- * worker's and RL_RECLAIM_BUSY says so.
+ * is waited out, interruptibly and bounded (wait_out_worker); with
+ * interrupts held it is not (a cancel would be held off for the worker's
+ * command_timeout), nor past that bound: the slot stays the worker's, which
+ * settles its owner value, and RL_RECLAIM_BUSY says so (the entry goes on
+ * with a fresh owner value, rl_mint_owner).
  */
 RLReclaim
 rl_registry_reclaim(int slot, uint32 generation)
@@ -560,12 +570,11 @@ rl_registry_reclaim(int slot, uint32 generation)
 	/* a release under way may settle it: see what it did first */
 	if (s->generation == generation && s->state == SLOT_ORPHAN && s->in_flight)
 	{
-		if (held)
+		if (held || !wait_out_worker(s))
 		{
 			LWLockRelease(rl_shared->lock);
 			return RL_RECLAIM_BUSY;
 		}
-		wait_out_worker(s);
 	}
 	ours = s->generation == generation && s->state == SLOT_ORPHAN;
 	if (ours)
@@ -609,7 +618,8 @@ rl_registry_wait_idle(int slot)
 		return;
 	rl_assert_may_wait("a wait for the watchdog worker's command");
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	wait_out_worker(&rl_shared->slots[slot]);
+	/* past its bound, a stuck worker's renewal is its own to land or not */
+	(void) wait_out_worker(&rl_shared->slots[slot]);
 	LWLockRelease(rl_shared->lock);
 }
 
