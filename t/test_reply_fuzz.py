@@ -35,6 +35,8 @@ COMMAND_TIMEOUT_MS = 400
 BOUND_S = 10 * S
 NIL = b"$-1\r\n"
 TRUNCATED = b"*3\r\n:1\r\n$5\r\nab"      # then the connection closes
+ERR = b"-ERR fuzzed\r\n"      # proves nothing ran or not: a script's outcome unknown
+FREEZE = b"(nothing more on this connection)"     # a shape the proxy never sends
 
 SHAPES = {
     "integer": integer(1),
@@ -93,37 +95,54 @@ def is_worker(name):
 
 
 class Rule:
-    """Replace the reply of the nth command (counted from arming, handshake
-    commands not counted) that a connection of `who` sends ("backend",
-    "worker" or "any"), of the names in cmds if given; nth None only counts."""
+    """Replace the replies of the commands (counted from arming) that a
+    connection of `who` sends ("backend", "worker" or "any"), of the names in
+    cmds if given (else any but the handshake's), that match(argv) accepts
+    if given: the nth gets shape; a list of shapes goes to the nth and the
+    commands after it, one each; nth None only counts.  With close_after,
+    the connection closes once a replacement is sent (so that the next
+    command opens a new one)."""
 
-    def __init__(self, shape=None, nth=1, who="backend", cmds=None):
-        self.shape, self.nth, self.who, self.cmds = shape, nth, who, cmds
+    def __init__(self, shape=None, nth=1, who="backend", cmds=None, match=None,
+                 close_after=False):
+        self.shapes = shape if isinstance(shape, list) else [shape]
+        self.nth, self.who, self.cmds, self.match = nth, who, cmds, match
+        self.close_after = close_after
         self.seen = 0
         self.hits = 0
         self.argv = []
 
+    @property
+    def shape(self):
+        return self.shapes[0]
+
     def takes(self, name, argv):
+        """The reply that replaces this command's, or None."""
         if is_worker(name) != (self.who == "worker") and self.who != "any":
-            return False
+            return None
         if argv[0].upper() not in (self.cmds or ()) and (
                 self.cmds is not None or argv[0].upper() in HANDSHAKE):
-            return False
+            return None
+        if self.match is not None and not self.match(argv):
+            return None
         self.seen += 1
         self.argv.append(argv)
-        if self.nth is not None and self.seen == self.nth:
+        k = self.seen - self.nth if self.nth is not None else -1
+        if 0 <= k < len(self.shapes):
             self.hits += 1
-            return True
-        return False
+            return self.shapes[k]
+        return None
 
 
 class Conn:
     def __init__(self, client, upstream):
         self.client, self.upstream = client, upstream
         self.name = b""
-        self.owed = collections.deque()     # per reply expected: its replacement or None
+        self.owed = collections.deque()     # per reply expected: None, or
+        # (its replacement, close the connection after it)
         self.send_lock = threading.Lock()
         self.subscribed = False
+        self.frozen = False         # what Redis answers is kept from the client
 
 
 class FuzzProxy:
@@ -158,6 +177,14 @@ class FuzzProxy:
             conns = [c for c in self.conns if c.subscribed and is_worker(c.name) == (who == "worker")]
         for c in conns:
             self._send(c, data)
+        return len(conns)
+
+    def drop(self, *names):
+        """Close the connections of these names (CLIENT SETNAME)."""
+        with self.lock:
+            conns = [c for c in self.conns if c.name in names]
+        for c in conns:
+            self._close(c)
         return len(conns)
 
     def _accept(self):
@@ -226,8 +253,9 @@ class FuzzProxy:
         replacement = None
         with self.lock:
             for r in self.rules:
-                if r.takes(c.name, argv) and replacement is None:
-                    replacement = r.shape
+                got = r.takes(c.name, argv)
+                if got is not None and replacement is None:
+                    replacement = (got, r.close_after)
         replies = len(argv) - 1 if name in (b"SUBSCRIBE", b"SSUBSCRIBE", b"UNSUBSCRIBE",
                                             b"SUNSUBSCRIBE") else 1
         if name in (b"SUBSCRIBE", b"SSUBSCRIBE"):
@@ -252,7 +280,15 @@ class FuzzProxy:
                     replacement = None
                     if not (c.subscribed and frame.startswith(PUSH_PREFIXES)) and c.owed:
                         replacement = c.owed.popleft()
-                    self._send(c, frame if replacement is None else replacement)
+                    if c.frozen or (replacement is not None and replacement[0] is FREEZE):
+                        c.frozen = True
+                        continue
+                    if replacement is None:
+                        self._send(c, frame)
+                        continue
+                    self._send(c, replacement[0])
+                    if replacement[1]:
+                        self._close(c)
         except (OSError, ValueError):
             pass
         self._close(c)
@@ -579,3 +615,204 @@ def test_a_push_to_a_waiter(world, shape):
     finally:
         conn.close()
     world.assert_alive(shape)
+
+
+# ----------------------------------------------------------------------
+# The worker's releases: doubts, owed releases, orphans
+# ----------------------------------------------------------------------
+N = len(SHAPES)
+EACH = list(SHAPES.values())        # the cut frame last: it closes the connection
+NAMES = "generate_series(1, %d) i" % N
+LOCKS = "SELECT count(redis_lock_acquire('%s' || i, ttl => '60s')) FROM " + NAMES
+XACT_LOCKS = "SELECT count(redis_lock_acquire('%s' || i, ttl => '60s', xact => true)) FROM " + NAMES
+
+
+def release_doubts(world, conn, pid, prefix):
+    """Releases whose answers are errors that prove nothing: doubts, handed
+    to the worker where they arise."""
+    assert one(conn, LOCKS % prefix) == N
+    world.proxy.arm(Rule([ERR] * N, 1, cmds={b"EVALSHA"}), *world.proxy.rules)
+    assert_clear(prefix, *run(conn, "SELECT redis_lock_release_all()"))
+
+
+def grant_doubts(world, conn, pid, prefix):
+    """An acquire_many whose answer proves nothing: each key a grant that
+    may have landed (it did), a doubt the worker deletes (and watches
+    until its 2 s lease has surely run out)."""
+    world.proxy.arm(Rule(ERR, 1, cmds={b"EVALSHA"}), *world.proxy.rules)
+    result, code, seconds = run(conn, "SELECT redis_lock_acquire_many(ARRAY(SELECT '%s' || i "
+                                "FROM %s), ttl => '2s')" % (prefix, NAMES))
+    assert code is not None and code[:2] != "XX", code
+
+
+def idle_owed_releases(world, conn, pid, prefix):
+    """COMMIT's releases, sent without waiting; the session idles, so the
+    worker releases them once their answers are overdue."""
+    one(conn, "BEGIN")
+    assert one(conn, XACT_LOCKS % prefix) == N
+    one(conn, "COMMIT")
+
+
+def unsent_at_abort(world, conn, pid, prefix):
+    """The session's connection closed, then ROLLBACK: its releases go to
+    the worker unsent."""
+    one(conn, "BEGIN")
+    assert one(conn, XACT_LOCKS % prefix) == N
+    assert world.proxy.drop(b"redis_lock:%d" % pid) == 1
+    one(conn, "ROLLBACK")
+
+
+def orphans_at_exit(world, conn, pid, prefix):
+    """The session exits and its releases get errors that prove nothing:
+    the worker releases what it left."""
+    assert one(conn, LOCKS % prefix) == N
+    world.proxy.arm(Rule([ERR] * N, 1, cmds={b"EVALSHA"}), *world.proxy.rules)
+    conn.close()
+
+
+WORKER_RELEASES = {
+    "release-doubts": release_doubts,
+    "grant-doubts": grant_doubts,
+    "idle-owed-releases": idle_owed_releases,
+    "unsent-at-abort": unsent_at_abort,
+    "orphans-at-exit": orphans_at_exit,
+}
+
+
+def about(prefix):
+    """Does a command name a key (or channel) starting with prefix?"""
+    return lambda argv: any(prefix in a for a in argv[1:])
+
+
+@pytest.mark.parametrize("how", list(WORKER_RELEASES))
+def test_the_workers_releases(world, how):
+    """N locks' releases go to the worker (how); its commands for them get
+    each shape in turn (a release, a retry); it settles every one once
+    Redis answers as it should, and goes on renewing."""
+    world.reset()
+    conn = world.session()
+    pid = one(conn, "SELECT pg_backend_pid()")
+    prefix = "fz-%s-" % how
+    try:
+        rule, = world.proxy.arm(Rule(EACH, 1, who="worker", match=about(prefix.encode())))
+        WORKER_RELEASES[how](world, conn, pid, prefix)
+        testbed.wait_until(lambda: rule.hits == N, BOUND_S, 0.01,
+                           what="the worker's commands to get every shape (%d of %d)"
+                           % (rule.hits, N))
+        world.proxy.disarm()
+        testbed.wait_until(lambda: not world.rc.keys(prefix + "*"), BOUND_S, 0.01,
+                           what="the worker to release every lock")
+        world.assert_alive(how)
+        if not conn.closed:
+            assert_clear(how, *run(conn, "SELECT count(*) FROM redis_lock_held()"))
+        other = world.session(LEASE)
+        try:
+            worker_renews(world, other, "after")
+        finally:
+            other.close()
+    finally:
+        conn.close()
+    world.assert_alive(how)
+
+
+def test_the_workers_subscriptions(world):
+    """N locks the worker renews, held past a second: it subscribes to
+    their keyspace notifications, and the confirmations it waits for get
+    each shape in turn.  It subscribes again once Redis answers as it
+    should, and a deletion is then found at once, not at the next renewal
+    (10 s away)."""
+    world.reset()
+    conn = world.session(("SET redis_lock.lease_time = '30s'",))
+    prefix = "fz-watch-"
+    try:
+        rule, = world.proxy.arm(Rule(EACH, 1, who="worker", cmds={b"SUBSCRIBE"},
+                                     match=about(prefix.encode())))
+        assert one(conn, "SELECT count(redis_lock_acquire('%s' || i)) FROM %s"
+                   % (prefix, NAMES)) == N
+        testbed.wait_until(lambda: rule.hits == N, BOUND_S, 0.01,
+                           what="the worker's subscriptions to get every shape (%d of %d)"
+                           % (rule.hits, N))
+        world.proxy.disarm()
+        world.assert_alive("subscriptions")
+        channels = ["__keyspace@0__:%s%d" % (prefix, i) for i in range(1, N + 1)]
+        testbed.wait_until(lambda: all(n for _, n in world.rc.pubsub_numsub(*channels)),
+                           BOUND_S, 0.05, what="the worker to subscribe again")
+        world.rc.delete(prefix + "1")
+        admin = world.session()
+        try:
+            testbed.wait_until(lambda: one(admin, "SELECT lost FROM redis_lock_locks "
+                                           "WHERE lock_name = '%s1'" % prefix),
+                               3 * S, 0.01, what="the deletion to be found")
+        finally:
+            admin.close()
+    finally:
+        conn.close()
+    world.assert_alive("subscriptions")
+
+
+def test_the_workers_handshake(world):
+    """The worker's connections are closed while it has a doubt to settle:
+    the CLIENT SETNAME of each connection it opens gets a shape in turn,
+    and the connection closes behind it, so that the next attempt opens
+    another.  The worker carries on."""
+    world.reset()
+    conn = world.session(LEASE)
+    try:
+        assert one(conn, "SELECT redis_lock_acquire('fz-hs', ttl => '60s')") > 0
+        rule, = world.proxy.arm(Rule(EACH, 1, who="worker", cmds={b"CLIENT"}, close_after=True))
+        world.proxy.drop(*[b"redis_lock:%d:worker" % p for p in world.workers])
+        world.proxy.arm(Rule(ERR, 1, cmds={b"EVALSHA"}), rule)
+        assert_clear("handshake", *run(conn, "SELECT redis_lock_release('fz-hs')"))
+        testbed.wait_until(lambda: rule.hits == N, BOUND_S, 0.01,
+                           what="the worker's handshakes to get every shape (%d of %d)"
+                           % (rule.hits, N))
+        world.proxy.disarm()
+        world.assert_alive("handshake")
+        worker_renews(world, conn, "after")
+    finally:
+        conn.close()
+    world.assert_alive("handshake")
+
+
+def test_a_deadlock_confirmation(world):
+    """A holds Redis lock R and waits for B's advisory lock; B waits for R.
+    B's checks find the cycle and ask Redis whether A's hold is there (an
+    inspect); each asks in turn gets a shape, which confirms nothing, so B
+    waits on; the first true answer confirms it: 40P01."""
+    world.reset()
+    a = world.session()
+    b = world.session(("SET deadlock_timeout = '20ms'",))
+    admin = world.session()
+    a_pid = one(a, "SELECT pg_backend_pid()")
+    waiting = None
+    try:
+        counter, = world.proxy.arm(Rule(nth=None, cmds={b"EVALSHA"}))
+        assert one(a, "SELECT (redis_lock_status('fz-dl')).locked") is False
+        world.proxy.disarm()
+        inspect = counter.argv[0][1]
+        assert one(a, "SELECT redis_lock_acquire('fz-dl', ttl => '60s')") > 0
+        b.autocommit = False
+        one(b, "SELECT pg_advisory_xact_lock(4711)")
+        waiting = threading.Thread(target=one, args=(a, "SELECT pg_advisory_lock(4711)"))
+        waiting.start()
+        testbed.wait_until(lambda: one(admin, "SELECT wait_event_type = 'Lock' FROM "
+                                       "pg_stat_activity WHERE pid = %d" % a_pid),
+                           BOUND_S, 0.01, what="A to wait for B")
+        rule, = world.proxy.arm(Rule(EACH, 1, cmds={b"EVALSHA"},
+                                     match=lambda argv: argv[1] == inspect))
+        result, code, seconds = run(b, "SELECT redis_lock_acquire('fz-dl', wait => '10s')")
+        world.proxy.disarm()
+        assert rule.hits == N, "%d of %d shapes asked for" % (rule.hits, N)
+        assert code == "40P01", code
+        assert seconds < BOUND_S, seconds
+        b.rollback()
+        waiting.join(BOUND_S)
+        assert not waiting.is_alive()
+        one(a, "SELECT pg_advisory_unlock(4711)")
+        assert one(a, "SELECT redis_lock_release('fz-dl')") is True
+    finally:
+        for c in (b, a, admin):
+            c.close()
+        if waiting is not None:
+            waiting.join(BOUND_S)
+    world.assert_alive("deadlock confirmation")
