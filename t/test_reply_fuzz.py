@@ -29,6 +29,7 @@ import pytest
 import testbed
 from renewals import watchdog_pids
 from test_hostile import array, bulk, integer
+from test_scripting import server as scripting_server
 from testbed import TIME_SCALE as S
 
 COMMAND_TIMEOUT_MS = 400
@@ -56,7 +57,7 @@ SHAPES = {
     "three-integers": array(integer(1), integer(-1), integer(9223372036854775807)),
     "inspect-shape": array(bulk("string"), integer(5000), bulk("x")),
     "nils": array(NIL, NIL, NIL),
-    "nested": array(array(integer(1), array(NIL)), array(array(bulk("x"))), array()),
+    "nested": array(array(integer(1), array(NIL)), array(array(bulk("x"))), array(integer(1))),
     "huge-elements": array(integer(9223372036854775807), integer(-9223372036854775808),
                            bulk("9" * 40)),
     "message-shape": array(bulk("message"), integer(3), NIL),
@@ -318,14 +319,19 @@ def proxy(redis_srv):
     p.stop()
 
 
-@pytest.fixture(scope="module")
-def pg(proxy):
-    p = testbed.Postgres(conf={
+def fuzz_pg(proxy, **conf):
+    conf.update({
         "redis_lock.url": proxy.url,
         "redis_lock.command_timeout": "%dms" % COMMAND_TIMEOUT_MS,
         "redis_lock.connect_timeout": "2s",
         "redis_lock.wait_timeout": "300ms",
-    }).init().start().with_extension()
+    })
+    return testbed.Postgres(conf=conf).init().start().with_extension()
+
+
+@pytest.fixture(scope="module")
+def pg(proxy):
+    p = fuzz_pg(proxy)
     yield p
     p.cleanup()
 
@@ -488,13 +494,13 @@ def commands_of(world, settings, steps, call):
         conn.close()
 
 
-@pytest.mark.parametrize("fn", list(FUNCTIONS))
-def test_every_reply_of_a_sql_function(world, fn):
-    settings, steps, call = FUNCTIONS[fn]
+def fuzz_every_reply(world, fn, settings, steps, call, shapes, max_nth):
+    """Run call with its nth reply replaced by each shape, for every n up
+    to the commands it sends (max_nth at most)."""
     n = commands_of(world, settings, steps, call)
     assert n >= 1, "%s sent nothing to Redis" % fn
-    for nth in range(1, min(n, MAX_NTH) + 1):
-        for shape, data in SHAPES.items():
+    for nth in range(1, min(n, max_nth) + 1):
+        for shape, data in shapes.items():
             case = "%s, reply %d: %s" % (fn, nth, shape)
             world.reset()
             conn = world.session(settings)
@@ -512,6 +518,12 @@ def test_every_reply_of_a_sql_function(world, fn):
             finally:
                 conn.close()
             world.assert_alive(case)
+
+
+@pytest.mark.parametrize("fn", list(FUNCTIONS))
+def test_every_reply_of_a_sql_function(world, fn):
+    settings, steps, call = FUNCTIONS[fn]
+    fuzz_every_reply(world, fn, settings, steps, call, SHAPES, MAX_NTH)
 
 
 @pytest.mark.parametrize("cmd", [b"CLIENT", b"COMMAND"])
@@ -539,9 +551,10 @@ def test_every_reply_of_a_handshake(world, cmd):
 LEASE = ("SET redis_lock.lease_time = '900ms'",)
 
 
-def worker_renews(world, conn, name):
-    """Take lock name (renewed by the worker) and wait for its renewal."""
-    counter, = world.proxy.arm(Rule(nth=None, who="worker", cmds={b"EVALSHA", b"EVAL"}))
+def worker_renews(world, conn, name, cmds=(b"EVALSHA", b"EVAL")):
+    """Take lock name (renewed by the worker) and wait for its renewal
+    (cmds: the commands of a renewal)."""
+    counter, = world.proxy.arm(Rule(nth=None, who="worker", cmds=set(cmds)))
     assert one(conn, "SELECT redis_lock_acquire('%s')" % name) > 0
     testbed.wait_until(lambda: any(name.encode() in a for a in list(counter.argv)),
                        10, 0.01, what="the worker to renew " + name)
@@ -816,3 +829,142 @@ def test_a_deadlock_confirmation(world):
         if waiting is not None:
             waiting.join(BOUND_S)
     world.assert_alive("deadlock confirmation")
+
+
+# ----------------------------------------------------------------------
+# The script-free forms (redis_lock.scripting = off) on Valkey 9.1
+# ----------------------------------------------------------------------
+# EXEC's array with elements of the wrong kinds, or another form's: the
+# acquire's [SET's GET, PTTL, TYPE] (fenced: and the counter's SET NX and
+# INCR), the inspect's [TYPE, PTTL, GETRANGE, HRANDFIELD]
+EXEC_SHAPES = {
+    "exec-integer-get": array(integer(1), integer(5000), bulk("string")),
+    "exec-busy-no-type": array(bulk("pgrl:someone"), NIL, integer(7), integer(5000), integer(3)),
+    "exec-nil-pttl": array(NIL, b"+OK\r\n", integer(7), NIL, bulk("string")),
+    "exec-wrongtype": array(b"-WRONGTYPE wrong kind\r\n", NIL, b"-ERR not an integer\r\n",
+                            integer(-2), bulk("hash")),
+    "exec-wrongtype-no-type": array(b"-WRONGTYPE wrong kind\r\n", NIL, integer(1), integer(-2),
+                                    integer(0)),
+    "exec-fenced-bad-incr": array(NIL, NIL, bulk("7"), integer(5000), bulk("string")),
+    "exec-unfenced": array(NIL, integer(5000), bulk("string")),
+    "exec-errors": array(*[b"-ERR fuzzed\r\n"] * 5),
+    "exec-inspect-other": array(bulk("string"), integer(5000), bulk("pgrl:someone"), NIL),
+    "exec-inspect-odd-hash": array(bulk("hash"), integer(5000), NIL,
+                                   array(bulk("f"), bulk("1"), bulk("g"))),
+    "exec-inspect-bad-type": array(bulk("str ing"), integer(-7), integer(1), integer(2)),
+    "queued": b"+QUEUED\r\n",
+}
+FREE_SHAPES = dict(EXEC_SHAPES, **SHAPES)       # the cut frame last
+FREE_EACH = list(FREE_SHAPES.values())
+FREE = "SET redis_lock.scripting = off"
+FREE_FUNCTIONS = ["acquire", "try_acquire", "release", "release_all", "extend", "status",
+                  "status_free", "force_release", "with_lock", "xact_commit"]
+FREE_MAX_NTH = 9
+
+
+@pytest.fixture(scope="module")
+def free_redis():
+    r = testbed.Redis(server=scripting_server("valkey-9.1"),
+                      args=["--notify-keyspace-events", "Kgx"]).start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def free_proxy(free_redis):
+    p = FuzzProxy(free_redis.port)
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def free_pg(free_proxy):
+    p = fuzz_pg(free_proxy, **{"redis_lock.scripting": "off"})
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def free_world(free_pg, free_proxy, free_redis):
+    w = World(free_pg, free_proxy, free_redis)
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("fn", FREE_FUNCTIONS)
+def test_every_reply_of_a_script_free_function(free_world, fn):
+    """Each reply of the script-free forms' commands (MULTI ... EXEC,
+    DELIFEQ, SET IFEQ, the inspect's transaction), every one of them."""
+    settings, steps, call = FUNCTIONS[fn]
+    fuzz_every_reply(free_world, fn, settings + (FREE,), steps, call, FREE_SHAPES,
+                     FREE_MAX_NTH)
+
+
+def test_a_script_free_command_probe(free_world):
+    """A new connection's COMMAND INFO (which commands the server offers
+    decides the form) gets each shape."""
+    w = free_world
+    for shape, data in FREE_SHAPES.items():
+        w.reset()
+        conn = w.session()
+        try:
+            rule, = w.proxy.arm(Rule(data, 1, cmds={b"COMMAND"}))
+            assert_clear(shape, *run(conn, "SELECT redis_lock_try_acquire('h', ttl => '60s')"))
+            w.proxy.disarm()
+            assert rule.hits == 1, shape
+            assert one(conn, "SELECT 1") == 1, shape
+        finally:
+            conn.close()
+        w.assert_alive(shape)
+
+
+def test_the_workers_script_free_renewals(free_world):
+    """N locks the worker renews without scripts in one round (PTTL, then
+    SET ... IFEQ): the PTTL and SET replies get each shape in turn.  The
+    worker goes on renewing."""
+    w = free_world
+    w.reset()
+    conn = w.session(LEASE)
+    prefix = "fz-free-renew-"
+    try:
+        rules = w.proxy.arm(*[Rule(FREE_EACH, 1, who="worker", cmds={cmd},
+                                   match=about(prefix.encode()))
+                              for cmd in (b"PTTL", b"SET")])
+        assert one(conn, "SELECT count(redis_lock_acquire('%s' || i)) FROM %s"
+                   % (prefix, NAMES)) == N
+        testbed.wait_until(lambda: all(r.hits == len(FREE_EACH) for r in rules), BOUND_S,
+                           0.01, what="the worker's renewals to get every shape (%s of %d)"
+                           % ([r.hits for r in rules], len(FREE_EACH)))
+        w.proxy.disarm()
+        w.assert_alive("script-free renewals")
+        worker_renews(w, conn, "after", cmds=(b"SET",))
+    finally:
+        conn.close()
+    w.assert_alive("script-free renewals")
+
+
+def test_the_workers_script_free_releases(free_world):
+    """Script-free releases (DELIFEQ) whose answers never come: doubts,
+    which the worker settles with DELIFEQ; its commands get each shape in
+    turn, and it settles every one once Redis answers as it should."""
+    w = free_world
+    w.reset()
+    conn = w.session()
+    prefix = "fz-free-doubt-"
+    try:
+        rule, = w.proxy.arm(Rule(FREE_EACH, 1, who="worker", match=about(prefix.encode())))
+        assert one(conn, LOCKS % prefix) == N
+        w.proxy.arm(Rule(FREEZE, 1, cmds={b"DELIFEQ"}), rule)
+        result, code, seconds = run(conn, "SELECT redis_lock_release_all()")
+        assert code == "08006", code
+        testbed.wait_until(lambda: rule.hits == len(FREE_EACH), BOUND_S, 0.01,
+                           what="the worker's commands to get every shape (%d of %d)"
+                           % (rule.hits, len(FREE_EACH)))
+        w.proxy.disarm()
+        testbed.wait_until(lambda: not w.rc.keys(prefix + "*"), BOUND_S, 0.01,
+                           what="the worker to release every lock")
+        w.assert_alive("script-free releases")
+        assert_clear("script-free releases", *run(conn, "SELECT count(*) FROM redis_lock_held()"))
+    finally:
+        conn.close()
+    w.assert_alive("script-free releases")
