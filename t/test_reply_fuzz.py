@@ -7,9 +7,18 @@ huge and negative integers, the shape another operation answers with, a
 frame cut short (then the connection closes).  Every SQL function that talks
 to Redis, in every layout, gets each shape for each reply it reads, the
 n-th command after it is armed for n up to the number of commands it sends
-(counted on a normal run first); the worker gets them for its renewals, the
-releases it settles for a backend, its keyspace subscriptions and their
-notifications; a waiter gets them as pushes on its subscriber connection.
+(counted on a normal run first); a waiter gets them as pushes on its
+subscriber connection.  The worker gets them for every command it sends:
+its renewals, its releases (of doubts: releases and grants whose answers
+proved nothing; of COMMIT's releases an idle session left unread; of
+releases handed over unsent at ROLLBACK; of what an exiting backend left),
+its keyspace SUBSCRIBE confirmations and its handshake, and as pushes to
+its subscriptions; there a list of shapes goes to successive commands, so
+that one cycle takes them all (N at once), and the worker must then still
+settle, subscribe and renew.  So does the deadlock check's inspect, asked
+again at each check until Redis confirms the cycle.  The script-free forms
+(redis_lock.scripting = off) run on Valkey 9.1, with EXEC arrays of the
+right length and elements of the wrong kinds besides.
 
 Each call ends with a result or an ERROR whose SQLSTATE is not an internal
 error (class XX), within a bound; the session still works, a bystander
@@ -29,12 +38,15 @@ import pytest
 import testbed
 from renewals import watchdog_pids
 from test_hostile import array, bulk, integer
+from test_scripting import server as scripting_server
 from testbed import TIME_SCALE as S
 
 COMMAND_TIMEOUT_MS = 400
 BOUND_S = 10 * S
 NIL = b"$-1\r\n"
 TRUNCATED = b"*3\r\n:1\r\n$5\r\nab"      # then the connection closes
+ERR = b"-ERR fuzzed\r\n"      # proves nothing: the script may have run (a doubt)
+FREEZE = b"(freeze)"    # not sent: this reply and all after it are kept from the client
 
 SHAPES = {
     "integer": integer(1),
@@ -54,7 +66,7 @@ SHAPES = {
     "three-integers": array(integer(1), integer(-1), integer(9223372036854775807)),
     "inspect-shape": array(bulk("string"), integer(5000), bulk("x")),
     "nils": array(NIL, NIL, NIL),
-    "nested": array(array(integer(1), array(NIL)), array(array(bulk("x"))), array()),
+    "nested": array(array(integer(1), array(NIL)), array(array(bulk("x"))), array(integer(1))),
     "huge-elements": array(integer(9223372036854775807), integer(-9223372036854775808),
                            bulk("9" * 40)),
     "message-shape": array(bulk("message"), integer(3), NIL),
@@ -93,37 +105,50 @@ def is_worker(name):
 
 
 class Rule:
-    """Replace the reply of the nth command (counted from arming, handshake
-    commands not counted) that a connection of `who` sends ("backend",
-    "worker" or "any"), of the names in cmds if given; nth None only counts."""
+    """Replace the replies of the commands (counted from arming) that a
+    connection of `who` sends ("backend", "worker" or "any"), of the names in
+    cmds if given (else any but the handshake's), that match(argv) accepts
+    if given: the nth gets shape; a list of shapes goes to the nth and the
+    commands after it, one each; nth None only counts.  With close_after,
+    the connection closes once a replacement is sent (so that the next
+    command opens a new one)."""
 
-    def __init__(self, shape=None, nth=1, who="backend", cmds=None):
-        self.shape, self.nth, self.who, self.cmds = shape, nth, who, cmds
+    def __init__(self, shape=None, nth=1, who="backend", cmds=None, match=None,
+                 close_after=False):
+        self.shapes = shape if isinstance(shape, list) else [shape]
+        self.nth, self.who, self.cmds, self.match = nth, who, cmds, match
+        self.close_after = close_after
         self.seen = 0
         self.hits = 0
         self.argv = []
 
     def takes(self, name, argv):
+        """The reply that replaces this command's, or None."""
         if is_worker(name) != (self.who == "worker") and self.who != "any":
-            return False
+            return None
         if argv[0].upper() not in (self.cmds or ()) and (
                 self.cmds is not None or argv[0].upper() in HANDSHAKE):
-            return False
+            return None
+        if self.match is not None and not self.match(argv):
+            return None
         self.seen += 1
         self.argv.append(argv)
-        if self.nth is not None and self.seen == self.nth:
+        k = self.seen - self.nth if self.nth is not None else -1
+        if 0 <= k < len(self.shapes):
             self.hits += 1
-            return True
-        return False
+            return self.shapes[k]
+        return None
 
 
 class Conn:
     def __init__(self, client, upstream):
         self.client, self.upstream = client, upstream
         self.name = b""
-        self.owed = collections.deque()     # per reply expected: its replacement or None
+        self.owed = collections.deque()     # per reply expected: None, or
+        # (its replacement, close the connection after it)
         self.send_lock = threading.Lock()
         self.subscribed = False
+        self.frozen = False         # what Redis answers is kept from the client
 
 
 class FuzzProxy:
@@ -158,6 +183,14 @@ class FuzzProxy:
             conns = [c for c in self.conns if c.subscribed and is_worker(c.name) == (who == "worker")]
         for c in conns:
             self._send(c, data)
+        return len(conns)
+
+    def drop(self, *names):
+        """Close the connections of these names (CLIENT SETNAME)."""
+        with self.lock:
+            conns = [c for c in self.conns if c.name in names]
+        for c in conns:
+            self._close(c)
         return len(conns)
 
     def _accept(self):
@@ -226,8 +259,9 @@ class FuzzProxy:
         replacement = None
         with self.lock:
             for r in self.rules:
-                if r.takes(c.name, argv) and replacement is None:
-                    replacement = r.shape
+                got = r.takes(c.name, argv)
+                if got is not None and replacement is None:
+                    replacement = (got, r.close_after)
         replies = len(argv) - 1 if name in (b"SUBSCRIBE", b"SSUBSCRIBE", b"UNSUBSCRIBE",
                                             b"SUNSUBSCRIBE") else 1
         if name in (b"SUBSCRIBE", b"SSUBSCRIBE"):
@@ -252,7 +286,15 @@ class FuzzProxy:
                     replacement = None
                     if not (c.subscribed and frame.startswith(PUSH_PREFIXES)) and c.owed:
                         replacement = c.owed.popleft()
-                    self._send(c, frame if replacement is None else replacement)
+                    if c.frozen or (replacement is not None and replacement[0] is FREEZE):
+                        c.frozen = True
+                        continue
+                    if replacement is None:
+                        self._send(c, frame)
+                        continue
+                    self._send(c, replacement[0])
+                    if replacement[1]:
+                        self._close(c)
         except (OSError, ValueError):
             pass
         self._close(c)
@@ -282,14 +324,19 @@ def proxy(redis_srv):
     p.stop()
 
 
-@pytest.fixture(scope="module")
-def pg(proxy):
-    p = testbed.Postgres(conf={
+def fuzz_pg(proxy, **conf):
+    conf.update({
         "redis_lock.url": proxy.url,
         "redis_lock.command_timeout": "%dms" % COMMAND_TIMEOUT_MS,
         "redis_lock.connect_timeout": "2s",
         "redis_lock.wait_timeout": "300ms",
-    }).init().start().with_extension()
+    })
+    return testbed.Postgres(conf=conf).init().start().with_extension()
+
+
+@pytest.fixture(scope="module")
+def pg(proxy):
+    p = fuzz_pg(proxy)
     yield p
     p.cleanup()
 
@@ -452,13 +499,13 @@ def commands_of(world, settings, steps, call):
         conn.close()
 
 
-@pytest.mark.parametrize("fn", list(FUNCTIONS))
-def test_every_reply_of_a_sql_function(world, fn):
-    settings, steps, call = FUNCTIONS[fn]
+def fuzz_every_reply(world, fn, settings, steps, call, shapes, max_nth):
+    """Run call with its nth reply replaced by each shape, for every n up
+    to the commands it sends (max_nth at most)."""
     n = commands_of(world, settings, steps, call)
     assert n >= 1, "%s sent nothing to Redis" % fn
-    for nth in range(1, min(n, MAX_NTH) + 1):
-        for shape, data in SHAPES.items():
+    for nth in range(1, min(n, max_nth) + 1):
+        for shape, data in shapes.items():
             case = "%s, reply %d: %s" % (fn, nth, shape)
             world.reset()
             conn = world.session(settings)
@@ -476,6 +523,12 @@ def test_every_reply_of_a_sql_function(world, fn):
             finally:
                 conn.close()
             world.assert_alive(case)
+
+
+@pytest.mark.parametrize("fn", list(FUNCTIONS))
+def test_every_reply_of_a_sql_function(world, fn):
+    settings, steps, call = FUNCTIONS[fn]
+    fuzz_every_reply(world, fn, settings, steps, call, SHAPES, MAX_NTH)
 
 
 @pytest.mark.parametrize("cmd", [b"CLIENT", b"COMMAND"])
@@ -503,9 +556,10 @@ def test_every_reply_of_a_handshake(world, cmd):
 LEASE = ("SET redis_lock.lease_time = '900ms'",)
 
 
-def worker_renews(world, conn, name):
-    """Take lock name (renewed by the worker) and wait for its renewal."""
-    counter, = world.proxy.arm(Rule(nth=None, who="worker", cmds={b"EVALSHA", b"EVAL"}))
+def worker_renews(world, conn, name, cmds=(b"EVALSHA", b"EVAL")):
+    """Take lock name (renewed by the worker) and wait for its renewal
+    (cmds: the commands of a renewal)."""
+    counter, = world.proxy.arm(Rule(nth=None, who="worker", cmds=set(cmds)))
     assert one(conn, "SELECT redis_lock_acquire('%s')" % name) > 0
     testbed.wait_until(lambda: any(name.encode() in a for a in list(counter.argv)),
                        10, 0.01, what="the worker to renew " + name)
@@ -579,3 +633,350 @@ def test_a_push_to_a_waiter(world, shape):
     finally:
         conn.close()
     world.assert_alive(shape)
+
+
+# ----------------------------------------------------------------------
+# The worker's releases: doubts, owed releases, orphans
+# ----------------------------------------------------------------------
+N = len(SHAPES)
+EACH = list(SHAPES.values())        # the cut frame last: it closes the connection
+NAMES = "generate_series(1, %d) i" % N
+LOCKS = "SELECT count(redis_lock_acquire('%s' || i, ttl => '60s')) FROM " + NAMES
+XACT_LOCKS = "SELECT count(redis_lock_acquire('%s' || i, ttl => '60s', xact => true)) FROM " + NAMES
+
+
+def release_doubts(world, conn, pid, prefix):
+    """Releases whose answers are errors that prove nothing: doubts, handed
+    to the worker where they arise."""
+    assert one(conn, LOCKS % prefix) == N
+    world.proxy.arm(Rule([ERR] * N, 1, cmds={b"EVALSHA"}), *world.proxy.rules)
+    assert_clear(prefix, *run(conn, "SELECT redis_lock_release_all()"))
+
+
+def grant_doubts(world, conn, pid, prefix):
+    """An acquire_many whose answer proves nothing: each key a grant that
+    may have landed (it did), a doubt the worker deletes (and watches
+    until its 2 s lease has surely run out)."""
+    world.proxy.arm(Rule(ERR, 1, cmds={b"EVALSHA"}), *world.proxy.rules)
+    result, code, seconds = run(conn, "SELECT redis_lock_acquire_many(ARRAY(SELECT '%s' || i "
+                                "FROM %s), ttl => '2s')" % (prefix, NAMES))
+    assert code is not None and code[:2] != "XX", code
+
+
+def idle_owed_releases(world, conn, pid, prefix):
+    """COMMIT's releases, sent without waiting; the session idles, so the
+    worker releases them once their answers are overdue."""
+    one(conn, "BEGIN")
+    assert one(conn, XACT_LOCKS % prefix) == N
+    one(conn, "COMMIT")
+
+
+def unsent_at_abort(world, conn, pid, prefix):
+    """The session's connection closed, then ROLLBACK: its releases go to
+    the worker unsent."""
+    one(conn, "BEGIN")
+    assert one(conn, XACT_LOCKS % prefix) == N
+    assert world.proxy.drop(b"redis_lock:%d" % pid) == 1
+    one(conn, "ROLLBACK")
+
+
+def orphans_at_exit(world, conn, pid, prefix):
+    """The session exits and its releases get errors that prove nothing:
+    the worker releases what it left."""
+    assert one(conn, LOCKS % prefix) == N
+    world.proxy.arm(Rule([ERR] * N, 1, cmds={b"EVALSHA"}), *world.proxy.rules)
+    conn.close()
+
+
+WORKER_RELEASES = {
+    "release-doubts": release_doubts,
+    "grant-doubts": grant_doubts,
+    "idle-owed-releases": idle_owed_releases,
+    "unsent-at-abort": unsent_at_abort,
+    "orphans-at-exit": orphans_at_exit,
+}
+
+
+def about(prefix):
+    """Does a command name a key (or channel) starting with prefix?"""
+    return lambda argv: any(prefix in a for a in argv[1:])
+
+
+@pytest.mark.parametrize("how", list(WORKER_RELEASES))
+def test_the_workers_releases(world, how):
+    """N locks' releases go to the worker (how); its commands for them get
+    each shape in turn (a release, a retry); it settles every one once
+    Redis answers as it should, and goes on renewing."""
+    world.reset()
+    conn = world.session()
+    pid = one(conn, "SELECT pg_backend_pid()")
+    prefix = "fz-%s-" % how
+    try:
+        rule, = world.proxy.arm(Rule(EACH, 1, who="worker", match=about(prefix.encode())))
+        WORKER_RELEASES[how](world, conn, pid, prefix)
+        testbed.wait_until(lambda: rule.hits == N, BOUND_S, 0.01,
+                           what="the worker's commands to get every shape (%d of %d)"
+                           % (rule.hits, N))
+        world.proxy.disarm()
+        testbed.wait_until(lambda: not world.rc.keys(prefix + "*"), BOUND_S, 0.01,
+                           what="the worker to release every lock")
+        world.assert_alive(how)
+        if not conn.closed:
+            assert_clear(how, *run(conn, "SELECT count(*) FROM redis_lock_held()"))
+        other = world.session(LEASE)
+        try:
+            worker_renews(world, other, "after")
+        finally:
+            other.close()
+    finally:
+        conn.close()
+    world.assert_alive(how)
+
+
+WATCH_RETRY_MAX_S = 10
+
+
+def test_the_workers_subscriptions(world):
+    """N locks the worker renews, held past a second: it subscribes to
+    their keyspace notifications, and the confirmations it waits for get
+    each shape in turn.  It subscribes again once Redis answers as it
+    should, and a deletion is then found at once, not at the next renewal
+    (10 s away)."""
+    world.reset()
+    conn = world.session(("SET redis_lock.lease_time = '30s'",))
+    prefix = "fz-watch-"
+    try:
+        rule, = world.proxy.arm(Rule(EACH, 1, who="worker", cmds={b"SUBSCRIBE"},
+                                     match=about(prefix.encode())))
+        assert one(conn, "SELECT count(redis_lock_acquire('%s' || i)) FROM %s"
+                   % (prefix, NAMES)) == N
+        testbed.wait_until(lambda: rule.hits == N, BOUND_S, 0.01,
+                           what="the worker's subscriptions to get every shape (%d of %d)"
+                           % (rule.hits, N))
+        world.proxy.disarm()
+        world.assert_alive("subscriptions")
+        channels = ["__keyspace@0__:%s%d" % (prefix, i) for i in range(1, N + 1)]
+        # after its back-off, which earlier tests' failed rounds may have
+        # doubled up to 10 s (src/watchevents.c, RL_WATCH_RETRY_MAX_MS): a
+        # second or so when this test runs alone
+        testbed.wait_until(lambda: all(n for _, n in world.rc.pubsub_numsub(*channels)),
+                           WATCH_RETRY_MAX_S + BOUND_S, 0.05,
+                           what="the worker to subscribe again")
+        world.rc.delete(prefix + "1")
+        admin = world.session()
+        try:
+            testbed.wait_until(lambda: one(admin, "SELECT lost FROM redis_lock_locks "
+                                           "WHERE lock_name = '%s1'" % prefix),
+                               3 * S, 0.01, what="the deletion to be found")
+        finally:
+            admin.close()
+    finally:
+        conn.close()
+    world.assert_alive("subscriptions")
+
+
+def test_the_workers_handshake(world):
+    """The worker's connections are closed while it has a doubt to settle:
+    the CLIENT SETNAME of each connection it opens gets a shape in turn,
+    and the connection closes behind it, so that the next attempt opens
+    another.  The worker carries on."""
+    world.reset()
+    conn = world.session(LEASE)
+    try:
+        assert one(conn, "SELECT redis_lock_acquire('fz-hs', ttl => '60s')") > 0
+        rule, = world.proxy.arm(Rule(EACH, 1, who="worker", cmds={b"CLIENT"}, close_after=True))
+        world.proxy.drop(*[b"redis_lock:%d:worker" % p for p in world.workers])
+        world.proxy.arm(Rule(ERR, 1, cmds={b"EVALSHA"}), rule)
+        assert_clear("handshake", *run(conn, "SELECT redis_lock_release('fz-hs')"))
+        testbed.wait_until(lambda: rule.hits == N, BOUND_S, 0.01,
+                           what="the worker's handshakes to get every shape (%d of %d)"
+                           % (rule.hits, N))
+        world.proxy.disarm()
+        world.assert_alive("handshake")
+        worker_renews(world, conn, "after")
+    finally:
+        conn.close()
+    world.assert_alive("handshake")
+
+
+def test_a_deadlock_confirmation(world):
+    """A holds Redis lock R and waits for B's advisory lock; B waits for R.
+    B's checks find the cycle and ask Redis whether A's hold is there (an
+    inspect); each asks in turn gets a shape, which confirms nothing, so B
+    waits on; the first true answer confirms it: 40P01."""
+    world.reset()
+    a = world.session()
+    b = world.session(("SET deadlock_timeout = '20ms'",))
+    admin = world.session()
+    a_pid = one(a, "SELECT pg_backend_pid()")
+    waiting = None
+    try:
+        counter, = world.proxy.arm(Rule(nth=None, cmds={b"EVALSHA"}))
+        assert one(a, "SELECT (redis_lock_status('fz-dl')).locked") is False
+        world.proxy.disarm()
+        inspect = counter.argv[0][1]
+        assert one(a, "SELECT redis_lock_acquire('fz-dl', ttl => '60s')") > 0
+        b.autocommit = False
+        one(b, "SELECT pg_advisory_xact_lock(4711)")
+        waiting = threading.Thread(target=one, args=(a, "SELECT pg_advisory_lock(4711)"))
+        waiting.start()
+        testbed.wait_until(lambda: one(admin, "SELECT wait_event_type = 'Lock' FROM "
+                                       "pg_stat_activity WHERE pid = %d" % a_pid),
+                           BOUND_S, 0.01, what="A to wait for B")
+        rule, = world.proxy.arm(Rule(EACH, 1, cmds={b"EVALSHA"},
+                                     match=lambda argv: argv[1] == inspect))
+        result, code, seconds = run(b, "SELECT redis_lock_acquire('fz-dl', wait => '10s')")
+        world.proxy.disarm()
+        assert rule.hits == N, "%d of %d shapes asked for" % (rule.hits, N)
+        assert code == "40P01", code
+        assert seconds < BOUND_S, seconds
+        b.rollback()
+        waiting.join(BOUND_S)
+        assert not waiting.is_alive()
+        one(a, "SELECT pg_advisory_unlock(4711)")
+        assert one(a, "SELECT redis_lock_release('fz-dl')") is True
+    finally:
+        for c in (b, a, admin):
+            c.close()
+        if waiting is not None:
+            waiting.join(BOUND_S)
+    world.assert_alive("deadlock confirmation")
+
+
+# ----------------------------------------------------------------------
+# The script-free forms (redis_lock.scripting = off) on Valkey 9.1
+# ----------------------------------------------------------------------
+# EXEC's array with elements of the wrong kinds, or another form's: the
+# acquire's [SET's GET, PTTL, TYPE] (fenced: and the counter's SET NX and
+# INCR), the inspect's [TYPE, PTTL, GETRANGE, HRANDFIELD]
+EXEC_SHAPES = {
+    "exec-integer-get": array(integer(1), integer(5000), bulk("string")),
+    "exec-busy-no-type": array(bulk("pgrl:someone"), NIL, integer(7), integer(5000), integer(3)),
+    "exec-nil-pttl": array(NIL, b"+OK\r\n", integer(7), NIL, bulk("string")),
+    "exec-wrongtype": array(b"-WRONGTYPE wrong kind\r\n", NIL, b"-ERR not an integer\r\n",
+                            integer(-2), bulk("hash")),
+    "exec-wrongtype-no-type": array(b"-WRONGTYPE wrong kind\r\n", NIL, integer(1), integer(-2),
+                                    integer(0)),
+    "exec-fenced-bad-incr": array(NIL, NIL, bulk("7"), integer(5000), bulk("string")),
+    "exec-unfenced": array(NIL, integer(5000), bulk("string")),
+    "exec-errors": array(*[b"-ERR fuzzed\r\n"] * 5),
+    "exec-inspect-other": array(bulk("string"), integer(5000), bulk("pgrl:someone"), NIL),
+    "exec-inspect-odd-hash": array(bulk("hash"), integer(5000), NIL,
+                                   array(bulk("f"), bulk("1"), bulk("g"))),
+    "exec-inspect-bad-type": array(bulk("str ing"), integer(-7), integer(1), integer(2)),
+    "queued": b"+QUEUED\r\n",
+}
+FREE_SHAPES = dict(EXEC_SHAPES, **SHAPES)       # the cut frame last
+FREE_EACH = list(FREE_SHAPES.values())
+FREE = "SET redis_lock.scripting = off"
+FREE_FUNCTIONS = ["acquire", "try_acquire", "release", "release_all", "extend", "status",
+                  "status_free", "force_release", "with_lock", "xact_commit"]
+FREE_MAX_NTH = 9
+
+
+@pytest.fixture(scope="module")
+def free_redis():
+    r = testbed.Redis(server=scripting_server("valkey-9.1"),
+                      args=["--notify-keyspace-events", "Kgx"]).start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def free_proxy(free_redis):
+    p = FuzzProxy(free_redis.port)
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def free_pg(free_proxy):
+    p = fuzz_pg(free_proxy, **{"redis_lock.scripting": "off"})
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def free_world(free_pg, free_proxy, free_redis):
+    w = World(free_pg, free_proxy, free_redis)
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("fn", FREE_FUNCTIONS)
+def test_every_reply_of_a_script_free_function(free_world, fn):
+    """Each reply of the script-free forms' commands (MULTI ... EXEC,
+    DELIFEQ, SET IFEQ, the inspect's transaction), every one of them."""
+    settings, steps, call = FUNCTIONS[fn]
+    fuzz_every_reply(free_world, fn, settings + (FREE,), steps, call, FREE_SHAPES,
+                     FREE_MAX_NTH)
+
+
+def test_a_script_free_command_probe(free_world):
+    """A new connection's COMMAND INFO (which commands the server offers
+    decides the form) gets each shape."""
+    w = free_world
+    for shape, data in FREE_SHAPES.items():
+        w.reset()
+        conn = w.session()
+        try:
+            rule, = w.proxy.arm(Rule(data, 1, cmds={b"COMMAND"}))
+            assert_clear(shape, *run(conn, "SELECT redis_lock_try_acquire('h', ttl => '60s')"))
+            w.proxy.disarm()
+            assert rule.hits == 1, shape
+            assert one(conn, "SELECT 1") == 1, shape
+        finally:
+            conn.close()
+        w.assert_alive(shape)
+
+
+def test_the_workers_script_free_renewals(free_world):
+    """N locks the worker renews without scripts in one round (PTTL, then
+    SET ... IFEQ): the PTTL and SET replies get each shape in turn.  The
+    worker goes on renewing."""
+    w = free_world
+    w.reset()
+    conn = w.session(LEASE)
+    prefix = "fz-free-renew-"
+    try:
+        rules = w.proxy.arm(*[Rule(FREE_EACH, 1, who="worker", cmds={cmd},
+                                   match=about(prefix.encode()))
+                              for cmd in (b"PTTL", b"SET")])
+        assert one(conn, "SELECT count(redis_lock_acquire('%s' || i)) FROM %s"
+                   % (prefix, NAMES)) == N
+        testbed.wait_until(lambda: all(r.hits == len(FREE_EACH) for r in rules), BOUND_S,
+                           0.01, what="the worker's renewals to get every shape (%s of %d)"
+                           % ([r.hits for r in rules], len(FREE_EACH)))
+        w.proxy.disarm()
+        w.assert_alive("script-free renewals")
+        worker_renews(w, conn, "after", cmds=(b"SET",))
+    finally:
+        conn.close()
+    w.assert_alive("script-free renewals")
+
+
+def test_the_workers_script_free_releases(free_world):
+    """Script-free releases (DELIFEQ) whose answers never come: doubts,
+    which the worker settles with DELIFEQ; its commands get each shape in
+    turn, and it settles every one once Redis answers as it should."""
+    w = free_world
+    w.reset()
+    conn = w.session()
+    prefix = "fz-free-doubt-"
+    try:
+        rule, = w.proxy.arm(Rule(FREE_EACH, 1, who="worker", match=about(prefix.encode())))
+        assert one(conn, LOCKS % prefix) == N
+        w.proxy.arm(Rule(FREEZE, 1, cmds={b"DELIFEQ"}), rule)
+        result, code, seconds = run(conn, "SELECT redis_lock_release_all()")
+        assert code == "08006", code
+        testbed.wait_until(lambda: rule.hits == len(FREE_EACH), BOUND_S, 0.01,
+                           what="the worker's commands to get every shape (%d of %d)"
+                           % (rule.hits, len(FREE_EACH)))
+        w.proxy.disarm()
+        testbed.wait_until(lambda: not w.rc.keys(prefix + "*"), BOUND_S, 0.01,
+                           what="the worker to release every lock")
+        w.assert_alive("script-free releases")
+        assert_clear("script-free releases", *run(conn, "SELECT count(*) FROM redis_lock_held()"))
+    finally:
+        conn.close()
+    w.assert_alive("script-free releases")
