@@ -174,6 +174,33 @@ rl_lost_pop_context(ErrorContextCallback *cb)
 	error_context_stack = cb->previous;
 }
 
+/*
+ * loss_for_cancel at the bottom of error_context_stack, between the
+ * statements' hooks too: a cancel that lands while a statement is parsed or
+ * planned, in ExecutorStart or ExecutorEnd, or in the commit of a
+ * statement outside its verify (a few CHECK_FOR_INTERRUPTS each, hit under
+ * load: 1 of about 150 cancels in
+ * t/test_lost_edges.py::test_the_workers_cancel_never_lands_as_a_users_cancel)
+ * is the loss as well.  Only an empty stack gets it, so it is always the
+ * bottom; every code path that pushes restores what it found, and only the
+ * top-level error recovery empties the stack, after which the next
+ * statement's hooks put it back (rl_lost_keep_context).  The callback does
+ * nothing for anything but a cancel, and nothing twice: it runs again for
+ * a cancel a hook's own entry made the loss already, and sees 40001.
+ */
+static ErrorContextCallback loss_bottom;
+
+void
+rl_lost_keep_context(void)
+{
+	if (error_context_stack != NULL)
+		return;
+	loss_bottom.callback = loss_for_cancel;
+	loss_bottom.arg = NULL;
+	loss_bottom.previous = NULL;
+	error_context_stack = &loss_bottom;
+}
+
 /* The loss of e, as an ERROR */
 pg_noreturn static void
 raise_loss(RLHeld *e, uint8 cause, const char *when)

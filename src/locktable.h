@@ -101,6 +101,7 @@ extern void rl_release_one_error_safe(const char *name);
 /* locklost.c: what the holder does once the worker finds a lock lost */
 extern void rl_lost_push_context(ErrorContextCallback *cb);
 extern void rl_lost_pop_context(ErrorContextCallback *cb);
+extern void rl_lost_keep_context(void);
 extern void rl_lost_check_statement(void);
 extern bool rl_check_lock(const char *name);
 extern int	rl_release_many(const char *const *names, int n);

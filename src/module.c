@@ -82,6 +82,8 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 
 	if (continues_transaction(stmt))
 		rl_lost_check_statement();
+	if (rl_watchdog_enabled())
+		rl_lost_keep_context();
 	rl_lost_push_context(&loss_context);
 	if (prev_ProcessUtility)
 		prev_ProcessUtility(pstmt, queryString, readOnlyTree_arg context,
@@ -102,6 +104,7 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 static void
 redis_lock_ExecutorStart(QueryDesc *queryDesc, int eflags)
 {
+	rl_lost_keep_context();
 	if ((eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0)
 		rl_lost_check_statement();
 	if (prev_ExecutorStart)
