@@ -359,6 +359,7 @@ void rl_call_fail(RLCall *call, RLFailure failure, int sqlstate, char *reason) {
 char *rl_call_problem(const RLCall *call) { abort(); }
 void rl_raise_call_error(RLCall *call) { abort(); }
 bool rl_reply_is_error(RLReply *r, const char *prefix) { abort(); }
+bool rl_reply_fits(const RLReply *r, const char *shape) { abort(); }
 
 /*
  * The password file (settings.c, rl_password_file_lookup): the harnesses
