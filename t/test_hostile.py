@@ -707,7 +707,7 @@ def test_unsolicited_reply_before_a_release_sent_at_commit(pg, fake, report):
         assert one(ck.conn, "SELECT redis_lock_with_lock('first', 'SELECT 1')") == 1
         # the reply and the extra one are in before COMMIT looks
         testbed.wait_until(lambda: fake.armed.get("release") is not None and
-                           fake.armed["release"].hits == 1, 5, 0.01, what="the release's reply")
+                           fake.armed["release"].hits == 1, 15, 0.01, what="the release's reply")
         fake.disarm()
         time.sleep(0.05)            # let the bytes cross the loopback
         del ck.conn.notices[:]
