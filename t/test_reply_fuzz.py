@@ -227,21 +227,27 @@ class FuzzProxy:
             if data.endswith(TRUNCATED):
                 self._close(c)
 
-    def _commands(self, c):
+    @staticmethod
+    def _frames(sock):
+        """The whole RESP frames sock sends, one at a time, until it closes."""
         buf = b""
-        try:
-            while True:
-                data = c.client.recv(65536)
-                if not data:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return
+            buf += data
+            while buf:
+                end = frame_end(buf)
+                if end is None:
                     break
-                buf += data
-                while buf:
-                    end = frame_end(buf)
-                    if end is None:
-                        break
-                    frame, buf = buf[:end], buf[end:]
-                    self._command(c, frame)
-                    c.upstream.sendall(frame)
+                frame, buf = buf[:end], buf[end:]
+                yield frame
+
+    def _commands(self, c):
+        try:
+            for frame in self._frames(c.client):
+                self._command(c, frame)
+                c.upstream.sendall(frame)
         except (OSError, ValueError):
             pass
         self._close(c)
@@ -271,30 +277,20 @@ class FuzzProxy:
             c.owed.append(None)
 
     def _replies(self, c):
-        buf = b""
         try:
-            while True:
-                data = c.upstream.recv(65536)
-                if not data:
-                    break
-                buf += data
-                while buf:
-                    end = frame_end(buf)
-                    if end is None:
-                        break
-                    frame, buf = buf[:end], buf[end:]
-                    replacement = None
-                    if not (c.subscribed and frame.startswith(PUSH_PREFIXES)) and c.owed:
-                        replacement = c.owed.popleft()
-                    if c.frozen or (replacement is not None and replacement[0] is FREEZE):
-                        c.frozen = True
-                        continue
-                    if replacement is None:
-                        self._send(c, frame)
-                        continue
-                    self._send(c, replacement[0])
-                    if replacement[1]:
-                        self._close(c)
+            for frame in self._frames(c.upstream):
+                replacement = None
+                if not (c.subscribed and frame.startswith(PUSH_PREFIXES)) and c.owed:
+                    replacement = c.owed.popleft()
+                if c.frozen or (replacement is not None and replacement[0] is FREEZE):
+                    c.frozen = True
+                    continue
+                if replacement is None:
+                    self._send(c, frame)
+                    continue
+                self._send(c, replacement[0])
+                if replacement[1]:
+                    self._close(c)
         except (OSError, ValueError):
             pass
         self._close(c)
