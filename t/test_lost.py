@@ -56,6 +56,14 @@ def running(admin, pid):
                            "WHERE pid = %s", (pid,))
 
 
+def sleeping(admin, pid):
+    """In pg_sleep itself: inside a PL/pgSQL block's protected part, not
+    still parsing or planning the statement (a cancel there is outside
+    the block and no handler sees it)."""
+    return testbed.sql_one(admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity "
+                           "WHERE pid = %s", (pid,))
+
+
 def ended_with(s, timeout):
     s.join(timeout)
     return s.error
@@ -324,7 +332,7 @@ def test_a_serialization_failure_handler_catches_the_loss(env):
     a.start("DO $$ BEGIN PERFORM pg_sleep(60); "
             "EXCEPTION WHEN serialization_failure THEN RAISE NOTICE 'caught %: %', SQLSTATE, SQLERRM; "
             "WHEN query_canceled THEN RAISE NOTICE 'cancel %', SQLSTATE; END $$")
-    testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+    testbed.wait_until(lambda: sleeping(admin, a.pid), 5, what="the block sleeping")
     rc.delete("caught")
     assert ended_with(a, DETECT + 2) is None
     notices = list(a.conn.notices)
@@ -370,10 +378,10 @@ def test_a_cancel_not_the_workers_stays_57014_while_a_lock_is_held(env, how):
              "WHEN query_canceled THEN RAISE NOTICE 'cancel %', SQLSTATE; END $$")
     for caught in (True, False):
         if how == "statement_timeout":
-            a.run("SET statement_timeout = '300ms'")
+            a.run("SET statement_timeout = '1s'")
         a.start(block if caught else "SELECT pg_sleep(60)")
         if how == "pg_cancel_backend":
-            testbed.wait_until(lambda: running(admin, a.pid), 5, what="statement running")
+            testbed.wait_until(lambda: sleeping(admin, a.pid), 5, what="statement sleeping")
             assert testbed.sql_one(admin, "SELECT pg_cancel_backend(%s)", (a.pid,))
         err = ended_with(a, 10)
         a.run("RESET statement_timeout")
