@@ -15,12 +15,26 @@
 
 EXTENSION = redis_lock
 MODULE_big = redis_lock
-OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
+# The objects, by subsystem, each calling only the ones listed after it
+# (doc/architecture.md draws them).
+OBJS = \
+	src/interface/module.o src/interface/functions.o \
+	src/interface/semfunctions.o src/interface/fenceguard.o \
+	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
+	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
+	src/lock/locklost.o \
+	src/wait/waitqueue.o src/wait/deadlock.o \
+	src/worker/registry.o src/worker/watchdog.o src/worker/watchevents.o \
+	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \
+	src/redis/scriptfree.o src/redis/replies.o \
+	src/net/topology.o src/net/transport.o src/net/connection.o \
+	src/net/owed.o src/net/pubsub.o src/net/stream.o src/net/resolve.o \
+	src/common/settings.o src/common/stats.o
 DATA = $(wildcard sql/redis_lock--*.sql)
 PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 
 SHLIB_LINK += -lhiredis -lssl -lcrypto -lcares
-PG_CPPFLAGS += -I$(srcdir)/src
+PG_CPPFLAGS += -I$(srcdir)/src $(foreach d,common net redis worker wait lock interface,-I$(srcdir)/src/$(d))
 # another hiredis than the system's (scripts/matrix compiles against 1.2)
 ifdef RL_HIREDIS
 PG_CPPFLAGS += -I$(RL_HIREDIS)/include
@@ -58,4 +72,4 @@ regress_prep:
 	@ln -sfn ../sql_tests tmp_regress/sql
 
 # PGXS does not track header dependencies: every object depends on the header
-$(OBJS): $(wildcard src/*.h)
+$(OBJS): $(wildcard src/*/*.h)

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: rl_stream_append (src/stream.c), which formats commands
+ * libFuzzer target: rl_stream_append (src/net/stream.c), which formats commands
  * in RESP itself, against hiredis' redisFormatCommandArgv on the same
  * arguments.  The input is a list of arguments, each a length byte and that
  * many bytes (any bytes: RESP arguments are binary-safe); several commands
@@ -13,7 +13,7 @@
  */
 #include <unistd.h>
 
-#include "../src/stream.c"
+#include "../src/net/stream.c"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: from settings the check hooks accept to the target the
- * backend builds (rl_current_target / rl_target_from_spec, src/topology.c).
+ * backend builds (rl_current_target / rl_target_from_spec, src/net/topology.c).
  *
  * Input: one byte choosing the topology (single, cluster, Redlock, Sentinel),
  * then redis_lock.url, redis_lock.nodes or .sentinels, and
@@ -16,8 +16,8 @@
  * IDENTIFICATION
  *	  fuzz/fuzz_target_spec.c
  */
-#include "../src/settings.c"
-#include "../src/topology.c"
+#include "../src/common/settings.c"
+#include "../src/net/topology.c"
 
 /* the hooks of redis_lock.nodes and redis_lock.sentinels */
 #ifdef HAVE_CHECK_NODES

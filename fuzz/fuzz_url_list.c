@@ -1,7 +1,7 @@
 /*
  * libFuzzer target: the URL-list hooks of redis_lock.nodes / .sentinels
- * (check_nodes / check_sentinels, or check_url_list, src/settings.c) on arbitrary comma/space separated text,
- * and parse_list (src/topology.c), which trusts that the hook accepted the
+ * (check_nodes / check_sentinels, or check_url_list, src/common/settings.c) on arbitrary comma/space separated text,
+ * and parse_list (src/net/topology.c), which trusts that the hook accepted the
  * list.  A list the hook accepts must parse into exactly the endpoints
  * rl_parse_url gives for each element, and a list of Redlock masters no
  * more than RL_MAX_NODES of them (callers size their connection arrays by
@@ -13,8 +13,8 @@
  * IDENTIFICATION
  *	  fuzz/fuzz_url_list.c
  */
-#include "../src/settings.c"
-#include "../src/topology.c"
+#include "../src/common/settings.c"
+#include "../src/net/topology.c"
 
 /* the hooks of redis_lock.nodes and redis_lock.sentinels */
 #ifdef HAVE_CHECK_NODES

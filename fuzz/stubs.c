@@ -1,6 +1,6 @@
 /*
- * Link-time stand-ins for the PostgreSQL backend symbols that src/settings.c
- * and src/topology.c use, so their parsers can run in a libFuzzer binary
+ * Link-time stand-ins for the PostgreSQL backend symbols that src/common/settings.c
+ * and src/net/topology.c use, so their parsers can run in a libFuzzer binary
  * without a server.  Memory goes to malloc (AddressSanitizer watches it);
  * elog/ereport(ERROR) long-jumps to the innermost PG_TRY like the real
  * thing, and aborts when nobody catches it.  Anything that would talk to

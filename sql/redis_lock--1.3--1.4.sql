@@ -7,7 +7,7 @@
 -- functions then ran with the extension owner's rights, so any role that
 -- could create a table could run code as a superuser.  It is now a C
 -- function with the rights of whoever writes the row, and only the plain
--- values it read reach redis_lock_fence_advance (src/fenceguard.c).
+-- values it read reach redis_lock_fence_advance (src/interface/fenceguard.c).
 -- CREATE OR REPLACE keeps the function's OID, so existing triggers use the
 -- new body at once; it also drops SECURITY DEFINER and the SET clause.
 CREATE OR REPLACE FUNCTION redis_lock_fence_guard()

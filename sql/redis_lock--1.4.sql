@@ -271,7 +271,7 @@ COMMENT ON FUNCTION @extschema@.redis_lock_fence_check(pg_catalog.text, bigint) 
 
 -- Trigger helper: BEFORE INSERT OR UPDATE ... FOR EACH ROW EXECUTE FUNCTION
 -- redis_lock_fence_guard('lock name'[, 'token column', default 'fence']).
--- It runs with the rights of whoever writes the row (src/fenceguard.c): only
+-- It runs with the rights of whoever writes the row (src/interface/fenceguard.c): only
 -- the plain values it read (table, lock name, token) reach
 -- redis_lock_fence_advance.  Whoever may write the table may advance the
 -- table's own mark; a trigger on another table advances that table's mark,

@@ -11,7 +11,7 @@ renewal ran in Redis.  So:
     expiry times seen, exact as long as no renewal fell between the two
     readings unseen (one we did not see makes the gap look LONGER: a false
     alarm, never a missed one).  The worker sends two renewals of one lock
-    at least lease/6 apart (take_at in src/watchdog.c), so a gap whose two
+    at least lease/6 apart (take_at in src/worker/watchdog.c), so a gap whose two
     readings are closer than that is marked exact; one read further apart
     (sampled seldom, or by a sampler a loaded machine slowed down) is only
     an upper bound;

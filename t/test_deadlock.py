@@ -1,4 +1,4 @@
-"""Deadlocks across Redis locks and PostgreSQL locks (src/deadlock.c, issue 24
+"""Deadlocks across Redis locks and PostgreSQL locks (src/wait/deadlock.c, issue 24
 item 4).  Session A holds Redis lock R and waits for a row lock of session B,
 which waits for R: PostgreSQL's detector cannot see R.  With preloading, B
 finds the cycle once it has waited deadlock_timeout and fails with 40P01.

@@ -24,7 +24,7 @@ Each call ends with a result or an ERROR whose SQLSTATE is not an internal
 error (class XX), within a bound; the session still works, a bystander
 session and its open transaction survive (a crashed backend or worker makes
 the postmaster restart them all), the worker processes are the same, and the
-server log shows no crash.  src/connection.c (rl_reply_fits) is the one
+server log shows no crash.  src/net/connection.c (rl_reply_fits) is the one
 check every reader makes before it reads a reply.
 """
 import collections
@@ -758,7 +758,7 @@ def test_the_workers_subscriptions(world):
         world.assert_alive("subscriptions")
         channels = ["__keyspace@0__:%s%d" % (prefix, i) for i in range(1, N + 1)]
         # after its back-off, which earlier tests' failed rounds may have
-        # doubled up to 10 s (src/watchevents.c, RL_WATCH_RETRY_MAX_MS): a
+        # doubled up to 10 s (src/worker/watchevents.c, RL_WATCH_RETRY_MAX_MS): a
         # second or so when this test runs alone.  Run after the whole file
         # (not alone, nor after the renewal and keyspace tests only) the
         # worker did not subscribe again within 20 s, twice of twice on

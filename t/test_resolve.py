@@ -1,8 +1,8 @@
 """Name resolution bounded and cancellable, and the next address tried when
-a connect times out (src/resolve.c, src/stream.c rl_stream_next_address).
+a connect times out (src/net/resolve.c, src/net/stream.c rl_stream_next_address).
 
 The server is pointed at a resolv.conf of the test's own
-(RL_TEST_RESOLV_CONF, read only by src/resolve.c), naming a DNS server on
+(RL_TEST_RESOLV_CONF, read only by src/net/resolve.c), naming a DNS server on
 a loopback address that the test runs: one that never answers, or one that
 gives the name two addresses.  What each test would catch:
 - getaddrinfo blocking the backend past connect_timeout (5-6 s against a

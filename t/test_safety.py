@@ -67,7 +67,7 @@ FAULTS = (
 
 # ---------------------------------------------------------------------------
 # The simple protocol's fence counter, as the extension names it
-# (src/protocol.c rl_names_from_key): key_prefix || 'redis_lock:fence:{T}',
+# (src/redis/protocol.c rl_names_from_key): key_prefix || 'redis_lock:fence:{T}',
 # T the first tag, shortest first, then in alphabet order, whose Redis
 # Cluster slot is the lock key's slot.
 # ---------------------------------------------------------------------------

@@ -1156,7 +1156,7 @@ def test_a_password_file_that_is_no_regular_file_is_ignored_without_hanging(pf):
 
 PLAIN = "rl_names_plain"
 
-# Every mark a lock's Redis key must not contain (src/protocol.c,
+# Every mark a lock's Redis key must not contain (src/redis/protocol.c,
 # reserved_marks), and a name that contains it.
 RESERVED = [
     ("redis_lock:fence:", "redis_lock:fence:{x}"),
@@ -2285,7 +2285,7 @@ def test_a_security_restricted_operation_charges_the_tables_owner(pg_limits, adm
 # an unrelated backend.  It now signals only a process that, under the
 # registry's lock and ProcArrayLock, still holds the grant found lost.  The
 # window is a few instructions wide; RL_TEST_STOP_BEFORE_SIGNAL, read by
-# assert-enabled builds only (src/watchdog.c), stops the worker in it.
+# assert-enabled builds only (src/worker/watchdog.c), stops the worker in it.
 
 @pytest.fixture(scope="module")
 def pg_stop_before_signal(redis_srv):
@@ -2369,7 +2369,7 @@ def test_the_worker_signals_no_process_that_let_the_lost_lock_go(pg_stop_before_
 # under any protocol, any hash with one), with no TTL or owner-shape check:
 # another application's JSON string or hash went while redis_lock_status
 # called it no lock.  Force release now deletes exactly what status calls a
-# lock (one test: lock_owners in src/scripts.c, rl_inspect_reply without
+# lock (one test: lock_owners in src/redis/scripts.c, rl_inspect_reply without
 # scripts) and refuses anything else with 42809, leaving it as it was.  Run
 # in both worlds above (scripts on Redis 7.0; none on Valkey 9.1) by a
 # superuser -- force release is not PUBLIC's -- under the default empty key
@@ -2478,7 +2478,7 @@ def test_force_release_still_deletes_the_locks_of_every_layout(env):
 # Issue 42, item 4: one role switched off prompt loss detection for everyone
 # ============================================================================
 # The watchdog worker subscribes to the keyspace notifications of at most
-# 4096 keys (src/watchevents.c), and took them first come, first served: a
+# 4096 keys (src/worker/watchevents.c), and took them first come, first served: a
 # LOGIN-only role holding more locks than that (the per-role limit allows it
 # once redis_lock.max_locks >= 8192) left another role's lock unwatched, so
 # its loss was found only by its renewal, a third of its lease later, and
@@ -2486,7 +2486,7 @@ def test_force_release_still_deletes_the_locks_of_every_layout(env):
 # shared between the roles holding locks: here the hog gets all but one,
 # the victim its one, and the victim's loss is found by its notification.
 
-WATCH_KEYS_MAX = 4096               # src/watchevents.c, RL_WATCH_KEYS_MAX
+WATCH_KEYS_MAX = 4096               # src/worker/watchevents.c, RL_WATCH_KEYS_MAX
 HOG_LOCKS = WATCH_KEYS_MAX + 104
 WATCH_LEASE = "120s"                # renewed every 40 s: the slow path
 # the notification path: 0.022 s beside 4200 watched locks (2-core machine,
@@ -3061,7 +3061,7 @@ def test_a_users_cancel_before_the_worker_signals_stays_a_cancel(pg_stop_before_
 # ":1" was then read as the array {exists, free, taken}, a SIGSEGV, and the
 # postmaster restarted every backend.  Each operation now declares the reply
 # shapes it accepts and nothing is read of a reply that does not fit
-# (rl_reply_fits, src/connection.c); t/test_reply_fuzz.py sends every
+# (rl_reply_fits, src/net/connection.c); t/test_reply_fuzz.py sends every
 # operation every malformed shape.
 SCRIPT_KINDS = ("acquire", "release", "extend", "inspect", "force")
 

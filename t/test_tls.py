@@ -482,7 +482,7 @@ def test_a_stream_set_up_that_fails_leaves_no_socket_or_ssl_behind(pki, tls_redi
     """An ERROR (out of memory) after the socket, the reply reader and the
     SSL object were made: none of them outlives it.  The fault is injected by
     RL_TEST_STREAM_FAULT, which only assert-enabled builds read
-    (src/stream.c), so this runs in scripts/assert-check.  It found that the
+    (src/net/stream.c), so this runs in scripts/assert-check.  It found that the
     work memory of a call cut short by an ERROR was kept until a call
     succeeded (1.5 kB per failed call; now dropped at the abort)."""
     plain = testbed.Redis().start()

@@ -1,4 +1,4 @@
-"""The server-local wait queue (src/waitqueue.c): backends of one server that
+"""The server-local wait queue (src/wait/waitqueue.c): backends of one server that
 wait for the same lock queue in shared memory; only the head works in Redis.
 
 What each test would catch: a herd (every waiter subscribed and retrying),

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.serial
 N = 20000
 BACKENDS = 4
 LEASE_MS = 3000
-BATCH = 1000            # RL_WATCHDOG_BATCH in src/watchdog.c
+BATCH = 1000            # RL_WATCHDOG_BATCH in src/worker/watchdog.c
 CYCLE_JOBS = 10 * BATCH  # RL_WATCHDOG_CYCLE_JOBS
 
 TITLE = re.compile(r"last pass: (\d+) renewed, (\d+) released, (\d+) failed in (\d+) rounds")

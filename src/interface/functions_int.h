@@ -1,0 +1,34 @@
+/*-------------------------------------------------------------------------
+ *
+ * functions_int.h
+ *	  What the files of SQL-callable functions share: argument checks and
+ *	  result helpers (functions.c), used by the lock functions there and
+ *	  the semaphore functions (semfunctions.c).  Nothing else includes it.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/interface/functions_int.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_FUNCTIONS_INT_H
+#define RL_FUNCTIONS_INT_H
+
+#include "lockmany.h"
+
+#include "fmgr.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+extern char *rl_fn_arg_name(FunctionCallInfo fcinfo, int argno);
+extern char *rl_fn_arg_semaphore_name(FunctionCallInfo fcinfo, int argno);
+extern int64 rl_fn_arg_interval_ms(FunctionCallInfo fcinfo, int argno,
+								   const char *what, bool zero_ok);
+extern bool rl_fn_arg_bool(FunctionCallInfo fcinfo, int argno, const char *what);
+extern Interval *rl_fn_ms_to_interval(int64 ms);
+extern void rl_fn_materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts,
+							  TupleDesc *td);
+extern void rl_fn_check_scope(bool xact);
+
+#endif							/* RL_FUNCTIONS_INT_H */

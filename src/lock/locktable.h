@@ -1,0 +1,142 @@
+/*-------------------------------------------------------------------------
+ *
+ * locktable.h
+ *	  This backend's table of Redis locks (locktable.c, lockacquire.c,
+ *	  lockrelease.c, lockdoubts.c, lockxact.c).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/lock/locktable.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_LOCKTABLE_H
+#define RL_LOCKTABLE_H
+
+#include "deadlock.h"
+
+typedef enum RLScope
+{
+	RL_SCOPE_SESSION,
+	RL_SCOPE_XACT
+} RLScope;
+
+/*
+ * Which lock object of a name: the exclusive lock, the read or the write
+ * hold of the read-write lock of that name, or the permits of the
+ * semaphore of that name.  The four are separate entries.  A permit entry
+ * has one hold, however many permits it took (RLLockNames.permits).
+ */
+typedef enum RLLockMode
+{
+	RL_MODE_EXCLUSIVE,
+	RL_MODE_READ,
+	RL_MODE_WRITE,
+	RL_MODE_PERMIT
+} RLLockMode;
+
+/* One lock this backend holds (or may hold, when holds are zero) */
+typedef struct RLHeld
+{
+	char		hkey[RL_MAX_NAME_LEN + 2];	/* hash key: mode letter + name */
+	char		name[RL_MAX_NAME_LEN + 1];
+	RLLockMode	mode;
+	RLTarget   *target;
+	RLLockNames names;			/* strings live in TopMemoryContext */
+	int64		fence;
+	int			session_holds;
+	int			xact_holds;
+	int64		lease_ms;
+	bool		watchdog;		/* renewed by the background worker */
+	bool		lost;			/* Redis no longer has our token */
+	uint8		on_lost;		/* RLOnLost, as set when it was taken */
+	bool		unreachable;	/* its verify at COMMIT failed: the abort
+								 * that follows leaves it as a doubt */
+	uint64		lost_reported_at;	/* call that last warned about it */
+	TimestampTz acquired_at;
+	TimestampTz lease_from;		/* when the round trip that last started
+								 * our lease in Redis was sent: it lasts at
+								 * least lease_ms from then (or from the
+								 * worker's renewal since); 0: unknown */
+	TimestampTz expires_at;		/* doubt: nothing can exist after this */
+	int64		queued_ms;		/* redisson_fair: may be in the lock's wait
+								 * queue, joined with this wait; 0: not */
+	int			registry_slot;	/* watchdog registry slot, -1 if none */
+	bool		late_grant;		/* doubt: an acquire whose grant may still
+								 * land in Redis */
+	bool		handed;			/* doubt handed to the watchdog worker, whose
+								 * registry_slot it is until taken back */
+	uint32		handed_gen;		/* the slot's generation when handed */
+	bool		release_handed; /* handed: the release of a lock it held,
+								 * not made at an abort
+								 * (rl_lt_hand_unsent_to_worker) */
+	bool		releasing;		/* no holds; its release was sent and its
+								 * answer is still to come (PendingRelease) */
+	uint64		serial;			/* tells this entry from a later one of the
+								 * same name */
+} RLHeld;
+
+#define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)
+
+extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
+						int64 wait_ms, RLScope scope, bool *obtained);
+extern void rl_refuse_unsupported_layout(RLLockMode mode, const char *name);
+extern bool rl_acquire_permits(const char *name, int permits, int max_permits,
+							   int64 ttl_ms, int64 wait_ms, RLScope scope);
+extern bool rl_release(RLLockMode mode, const char *name);
+extern void rl_release_nowait(const char *name);
+extern bool rl_holds_read_only(const char *name);
+extern int	rl_release_all_session(void);
+extern void rl_discard_session_locks(void);
+extern bool rl_extend(RLLockMode mode, const char *name, int64 ttl_ms);
+extern RLHeld *rl_lookup(const char *name);
+extern RLHeld *rl_lookup_mode(RLLockMode mode, const char *name);
+extern RLHeld *rl_lookup_any(const char *name);
+extern void rl_forget(const char *name);
+extern void rl_safe_point(void);
+extern int	rl_held_snapshot(RLHeld **out);
+extern void rl_release_one_error_safe(const char *name);
+
+/* locklost.c: what the holder does once the worker finds a lock lost */
+extern void rl_lost_push_context(ErrorContextCallback *cb);
+extern void rl_lost_pop_context(ErrorContextCallback *cb);
+extern void rl_lost_keep_context(void);
+extern void rl_lost_check_statement(void);
+extern bool rl_check_lock(const char *name);
+extern int	rl_release_many(const char *const *names, int n);
+/* What an operation on a lock was for, in messages */
+typedef enum RLLockAction
+{
+	RL_ACTION_ACQUIRE,
+	RL_ACTION_RELEASE,
+	RL_ACTION_VERIFY,
+	RL_ACTION_FORCE_RELEASE,
+	RL_ACTION_INSPECT
+} RLLockAction;
+
+pg_noreturn extern void rl_raise_undecided(RLLockAction action, const char *name, RLLockOp *op);
+pg_noreturn extern void rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type);
+
+/*
+ * The interface lockmany.c (several locks at once) uses to keep this table:
+ * the same entries, holds, doubts and watchdog slots as a single acquire,
+ * one entry per name.  Exclusive locks only.
+ */
+extern void rl_many_check_layout(const char *name);
+extern void rl_many_check_room(const char *const *names, int n);
+extern RLProtocol rl_many_layout(const char *name);
+extern RLHeld *rl_many_entry(const char *name, int64 lease_ms, bool *held);
+extern void rl_many_sending(RLHeld *e, int64 lease_ms);
+extern void rl_many_answered(RLHeld *e, bool late_grant);
+extern void rl_many_discard_lost(RLHeld *e);
+extern void rl_many_give_back(RLHeld **ents, int n, bool *settled);
+extern void rl_many_grant(RLHeld *e, bool held, int64 fence, int64 lease_ms,
+						  TimestampTz sent_at, bool watchdog, RLScope scope);
+extern void rl_many_forget(RLHeld *e);
+extern void rl_many_doubts_to_worker(void);
+extern void rl_many_subscribed(RLConn **subs, int n);
+extern void rl_many_unsubscribed(void);
+extern void rl_many_check_deadlock(TimestampTz now);
+
+#endif							/* RL_LOCKTABLE_H */

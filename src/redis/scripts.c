@@ -1,0 +1,1568 @@
+/*-------------------------------------------------------------------------
+ *
+ * scripts.c
+ *	  Owns the Lua scripts of every protocol ("simple" SET NX PX, "redisson"
+ *	  RLock hash, its fair and read-write variants, several locks at once),
+ *	  their SHA1s, EVALSHA with recovery from NOSCRIPT, the scripted form
+ *	  of each lock operation, and rl_build_unit, which chooses the scripted
+ *	  or the script-free form (scriptfree.c) of an operation.
+ *
+ *	  Every script is idempotent for a given owner token: running it twice
+ *	  has the effect of running it once.  transport.c relies on that when it
+ *	  resends a command after finding a cached connection dead, and
+ *	  locktable.c relies on it to clean up acquires whose outcome is unknown.
+ *
+ *	  A script stops at the first command that fails, and Redis keeps what
+ *	  it wrote before.  So every script makes its checks (is the key free,
+ *	  ours, of the layout's type) before its first write, or with it (the
+ *	  simple acquire's SET NX), reading a key of another type with TYPE or
+ *	  pcall so that it is answered, not raised; only the fair lock's scripts
+ *	  first drop queue heads whose time has passed, which any client may
+ *	  do.  What can still fail comes after a write: the INCR of a corrupted
+ *	  fence counter after the grant's SET, a PUBLISH the ACL denies after
+ *	  the release's DEL.  replies.c (rl_reply_proves_not_run) therefore
+ *	  takes an error raised while a script ran for one that may have
+ *	  written, and a refusal of EVALSHA itself (NOPERM, NOSCRIPT, ...) for
+ *	  nothing done.
+ *
+ *	  Must not: decode replies (replies.c), keep state about held locks or
+ *	  waits, or decide anything from the answers of several nodes (lockop.c
+ *	  does).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/redis/scripts.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "protocol_int.h"
+
+#include <openssl/evp.h>
+
+#include "utils/resowner.h"
+
+/*
+ * simple, acquire.  KEYS: lock, fence counter.  ARGV: token, lease ms,
+ * marker, fence ("1": count a fencing token, "0": not, for Redlock).  Returns {1, fence} granted (also when the key already holds our
+ * token: a retry of an acquire whose reply was lost), {0, pttl, publishes}
+ * busy, {-1, type} when the key is not a string.
+ *
+ * The fence counter is shared by all locks in one cluster slot, so there
+ * are at most 16384 of them whatever the number of lock names.  A missing
+ * counter (first use, or lost with a non-persistent Redis) starts at the
+ * server clock in microseconds, so tokens keep increasing across a reset.
+ */
+static const char *simple_acquire_lua =
+"local function fence()\n"
+"  if ARGV[4] ~= '1' then return 0 end\n"
+"  local f = redis.call('incr', KEYS[2])\n"
+"  if f == 1 then\n"
+"    local t = redis.call('time')\n"
+"    f = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+"    redis.call('set', KEYS[2], string.format('%.0f', f))\n"
+"  end\n"
+"  return f\n"
+"end\n"
+"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n"
+"  return {1, fence()}\n"
+"end\n"
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'string' then return {-1, t} end\n"
+"local v = redis.call('get', KEYS[1])\n"
+"if v == ARGV[1] then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"  return {1, fence()}\n"
+"end\n"
+"local p = redis.call('pttl', KEYS[1])\n"
+"if string.sub(v, 1, #ARGV[3]) == ARGV[3] then return {0, p, 1} end\n"
+"return {0, p, 0}\n";
+
+/*
+ * simple, release.  KEYS: lock.  ARGV: token, publish command, channel.
+ * The channel is not a key: declaring it would make this a multi-key
+ * script, which Redis Cluster answers with TRYAGAIN instead of ASK while the
+ * slot migrates.
+ */
+static const char *simple_release_lua =
+"if redis.pcall('get', KEYS[1]) == ARGV[1] then\n"
+"  redis.call('del', KEYS[1])\n"
+"  redis.call(ARGV[2], ARGV[3], '0')\n"
+"  return 1\n"
+"end\n"
+"return 0\n";
+
+/*
+ * simple, extend / verify / renew.  KEYS: lock.  ARGV: token, lease ms,
+ * "1" to renew (never shorten what is left: a renewal sent with an older
+ * lease must not undo a longer extend).  Every extend script returns 0 when
+ * the lock is not ours, else 2 + the PTTL it found (1 for no expiry), so the
+ * watchdog sees when another client cut the lease short.
+ */
+static const char *simple_extend_lua =
+"if redis.pcall('get', KEYS[1]) == ARGV[1] then\n"
+"  local t = redis.call('pttl', KEYS[1])\n"
+"  if ARGV[3] ~= '1' or t < tonumber(ARGV[2]) then\n"
+"    redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"  end\n"
+"  return t + 2\n"
+"end\n"
+"return 0\n";
+
+/*
+ * The fencing token of a grant under the redisson layouts (Lua, put in
+ * front of their acquire scripts): token(c, nc, floor) counts the slot's
+ * fence counter c, the one the simple layout counts (a missing one starts
+ * at the server clock in microseconds, as in simple_acquire_lua), and,
+ * when nc is given (redis_lock.redisson_token_counter on), Redisson's
+ * RFencedLock counter of the lock too.  The token is one more than the
+ * highest of them (and than floor: acquire many's order), and every
+ * counter counted is left at the token.  So both counters are at least
+ * every token SQL has handed out for the lock, whichever setting each
+ * grant was made with, and the next token, from either, is larger; a
+ * per-name counter that Redisson's INCR started at 1 is raised to the
+ * slot's sequence at SQL's first grant (doc/clients.md, "Fencing tokens
+ * and what stays in Redis").
+ */
+#define REDISSON_TOKEN_LUA \
+"local function token(c, nc, floor)\n" \
+"  local f = redis.call('incr', c)\n" \
+"  local setc = false\n" \
+"  local setnc = false\n" \
+"  if f == 1 then\n" \
+"    local t = redis.call('time')\n" \
+"    f = tonumber(t[1]) * 1000000 + tonumber(t[2])\n" \
+"    setc = true\n" \
+"  end\n" \
+"  if nc then\n" \
+"    local g = redis.call('incr', nc)\n" \
+"    if g > f then\n" \
+"      f = g\n" \
+"      setc = true\n" \
+"    elseif g < f then\n" \
+"      setnc = true\n" \
+"    end\n" \
+"  end\n" \
+"  if f <= floor then\n" \
+"    f = floor + 1\n" \
+"    setc = true\n" \
+"    setnc = nc ~= nil\n" \
+"  end\n" \
+"  if setc then redis.call('set', c, string.format('%.0f', f)) end\n" \
+"  if setnc then redis.call('set', nc, string.format('%.0f', f)) end\n" \
+"  return f\n" \
+"end\n"
+
+/*
+ * redisson, acquire (RLock layout; doc/clients.md, "Redisson (Java)").
+ * KEYS: lock, the slot's fence counter, [Redisson's per-name counter].
+ * ARGV: lease ms, field, fence flag ("0": no token, as for Redlock; "1":
+ * the slot's counter; "2": both counters, KEYS[3]).  Our field's count
+ * stays 1: reentrancy is counted in the backend, so a repeated acquire is
+ * idempotent.  A token is counted on every grant, as RFencedLock does.
+ */
+static const char *redisson_acquire_lua =
+REDISSON_TOKEN_LUA
+"local function fence()\n"
+"  if ARGV[3] == '0' then return 0 end\n"
+"  if ARGV[3] == '2' then return token(KEYS[2], KEYS[3], 0) end\n"
+"  return token(KEYS[2], nil, 0)\n"
+"end\n"
+"if redis.call('exists', KEYS[1]) == 0 then\n"
+"  redis.call('hincrby', KEYS[1], ARGV[2], 1)\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, fence()}\n"
+"end\n"
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'hash' then return {-1, t} end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return {-1, 'read-write lock'} end\n"
+"if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, fence()}\n"
+"end\n"
+"return {0, redis.call('pttl', KEYS[1]), 1}\n";
+
+/*
+ * redisson_fair, acquire (RFairLock layout; doc/rwlock-fairlock.md).  KEYS:
+ * lock, the slot's fence counter, queue (list of waiting owners), timeout
+ * set (owner -> the time in ms after which that waiter counts as gone),
+ * [Redisson's per-name counter].  ARGV: lease ms, field, fence flag (as
+ * redisson_acquire_lua's; "2": KEYS[5]), wait ms of this waiter, now (Unix
+ * ms, our clock, as Redisson uses its client's), "1" to join the queue
+ * when busy.
+ *
+ * Queue heads whose time has passed leave first.  The lock is granted when
+ * it is free and the queue is empty or we are its head; we then leave the
+ * queue and every later waiter's time moves up by our wait.  When busy, a
+ * waiter joins the tail (once) with a time after the previous waiter's.
+ * Reentrancy is counted in the backend, as for "redisson".
+ */
+static const char *fair_acquire_lua =
+REDISSON_TOKEN_LUA
+"local function fence()\n"
+"  if ARGV[3] == '0' then return 0 end\n"
+"  if ARGV[3] == '2' then return token(KEYS[2], KEYS[5], 0) end\n"
+"  return token(KEYS[2], nil, 0)\n"
+"end\n"
+"local now = tonumber(ARGV[5])\n"
+"while true do\n"
+"  local head = redis.call('lindex', KEYS[3], 0)\n"
+"  if not head then break end\n"
+"  local gone = redis.call('zscore', KEYS[4], head)\n"
+"  if not gone or tonumber(gone) > now then break end\n"
+"  redis.call('zrem', KEYS[4], head)\n"
+"  redis.call('lpop', KEYS[3])\n"
+"end\n"
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'none' and t ~= 'hash' then return {-1, t} end\n"
+"if t == 'hash' and redis.call('hexists', KEYS[1], 'mode') == 1 then\n"
+"  return {-1, 'read-write lock'}\n"
+"end\n"
+"if t == 'none' then\n"
+"  local head = redis.call('lindex', KEYS[3], 0)\n"
+"  if not head or head == ARGV[2] then\n"
+"    redis.call('lpop', KEYS[3])\n"
+"    redis.call('zrem', KEYS[4], ARGV[2])\n"
+"    for _, w in ipairs(redis.call('zrange', KEYS[4], 0, -1)) do\n"
+"      redis.call('zincrby', KEYS[4], -tonumber(ARGV[4]), w)\n"
+"    end\n"
+"    redis.call('hset', KEYS[1], ARGV[2], 1)\n"
+"    redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"    return {1, fence()}\n"
+"  end\n"
+"elseif redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, fence()}\n"
+"end\n"
+"local p = redis.call('pttl', KEYS[1])\n"
+"if ARGV[6] ~= '1' or redis.call('zscore', KEYS[4], ARGV[2]) then\n"
+"  return {0, p, 1}\n"
+"end\n"
+"local last = redis.call('lindex', KEYS[3], -1)\n"
+"local ahead = p\n"
+"if last and last ~= ARGV[2] and redis.call('zscore', KEYS[4], last) then\n"
+"  ahead = tonumber(redis.call('zscore', KEYS[4], last)) - now\n"
+"end\n"
+"redis.call('zadd', KEYS[4], ahead + tonumber(ARGV[4]) + now, ARGV[2])\n"
+"redis.call('rpush', KEYS[3], ARGV[2])\n"
+"return {0, p, 1}\n";
+
+/*
+ * redisson_fair, release.  KEYS: lock, queue, timeout set.  ARGV: field,
+ * publish command, lock channel, now (Unix ms).  Only the next live waiter
+ * is woken, on its own channel "<lock channel>:<owner>"; also when the lock
+ * is gone already (our lease ran out: nobody wakes the queue otherwise).
+ */
+static const char *fair_release_lua =
+"local now = tonumber(ARGV[4])\n"
+"while true do\n"
+"  local head = redis.call('lindex', KEYS[2], 0)\n"
+"  if not head then break end\n"
+"  local gone = redis.call('zscore', KEYS[3], head)\n"
+"  if not gone or tonumber(gone) > now then break end\n"
+"  redis.call('zrem', KEYS[3], head)\n"
+"  redis.call('lpop', KEYS[2])\n"
+"end\n"
+"local function wake()\n"
+"  local nx = redis.call('lindex', KEYS[2], 0)\n"
+"  if nx then redis.call(ARGV[2], ARGV[3] .. ':' .. nx, '0') end\n"
+"end\n"
+"if redis.call('exists', KEYS[1]) == 0 then\n"
+"  wake()\n"
+"  return 0\n"
+"end\n"
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
+"redis.call('del', KEYS[1])\n"
+"wake()\n"
+"return 1\n";
+
+/*
+ * redisson_fair, leave the queue (a waiter that gives up).  KEYS: lock,
+ * queue, timeout set.  ARGV: field, wait ms it joined with, publish command,
+ * lock channel.  Later waiters' times move up by that wait, as Redisson's
+ * own give-up does; if the lock is free, the new head is woken.
+ */
+static const char *fair_dequeue_lua =
+"local q = redis.call('lrange', KEYS[2], 0, -1)\n"
+"local i = 1\n"
+"while i <= #q and q[i] ~= ARGV[1] do i = i + 1 end\n"
+"for j = i + 1, #q do\n"
+"  redis.call('zincrby', KEYS[3], -tonumber(ARGV[2]), q[j])\n"
+"end\n"
+"redis.call('zrem', KEYS[3], ARGV[1])\n"
+"redis.call('lrem', KEYS[2], 0, ARGV[1])\n"
+"if i == 1 and redis.call('exists', KEYS[1]) == 0 then\n"
+"  local nx = redis.call('lindex', KEYS[2], 0)\n"
+"  if nx then redis.call(ARGV[3], ARGV[4] .. ':' .. nx, '0') end\n"
+"end\n"
+"return 1\n";
+
+/*
+ * redisson, release.  KEYS: lock.  ARGV: field, publish command, channel.
+ * A read-write lock hash is never ours, even where our field is in it (a
+ * read hold's field is the same owner id).
+ */
+static const char *redisson_release_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
+"redis.call('del', KEYS[1])\n"
+"redis.call(ARGV[2], ARGV[3], '0')\n"
+"return 1\n";
+
+/*
+ * redisson and redisson_fair, extend / renew (Redisson's watchdog check).
+ * ARGV: field, ms, renew flag (see simple_extend_lua, as is the reply).
+ * Not a read-write lock hash (see the release).
+ */
+static const char *redisson_extend_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 1 then return 0 end\n"
+"local t = redis.call('pttl', KEYS[1])\n"
+"if ARGV[3] ~= '1' or t < tonumber(ARGV[2]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"end\n"
+"return t + 2\n";
+
+/*
+ * What a lock is: the one test, in Lua, that the inspect and the force
+ * release scripts both start with (so redis_lock_status shows an owner of
+ * exactly the keys redis_lock_force_release deletes); rl_inspect_reply
+ * makes the same checks on the script-free inspect's answers, which the
+ * script-free force release reads too.  lock_owners(k) returns the key's
+ * type, and for a lock also its pttl, its owner and, for a read-write lock,
+ * its mode.  A lock has a TTL and is a string holding an owner value
+ * (rl_is_lock_value: at most RL_LOCK_VALUE_MAX bytes of letters, digits and
+ * "+-./:=@_", and not a decimal integer of at most 20 bytes, a counter such
+ * as a semaphore's count), or a hash as Redisson's layouts write it (at
+ * most RL_LOCK_FIELDS_MAX fields, each "<uuid>:<thread id>" or a writer's
+ * "<uuid>:<thread id>:write" holding a positive count, or "mode" = "read"
+ * or "write", with writers exactly when the mode is "write"); its owner is
+ * then the holder fields, a writer's first.  A value is read only once its
+ * length is known to be small, and a hash only once it has few fields: the
+ * script's work is bounded too.
+ */
+#define LOCK_OWNERS_LUA \
+"local function lock_owners(k)\n" \
+"  local t = redis.call('type', k)['ok']\n" \
+"  local p = redis.call('pttl', k)\n" \
+"  if p < 0 then return t end\n" \
+"  if t == 'string' then\n" \
+"    if redis.call('strlen', k) > " CppAsString2(RL_LOCK_VALUE_MAX) " then return t end\n" \
+"    local v = redis.call('get', k)\n" \
+"    if not string.find(v, '^[0-9A-Za-z%+%-%./:=@_]+$') then return t end\n" \
+"    if #v <= 20 and string.find(v, '^%-?%d+$') then return t end\n" \
+"    return t, p, v\n" \
+"  end\n" \
+"  if t ~= 'hash' or redis.call('hlen', k) > " CppAsString2(RL_LOCK_FIELDS_MAX) " then\n" \
+"    return t\n" \
+"  end\n" \
+"  local id = '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x:%-?(%d+)$'\n" \
+"  local kv = redis.call('hgetall', k)\n" \
+"  local mode, writers, owners = nil, 0, {}\n" \
+"  for i = 1, #kv, 2 do\n" \
+"    local f, v = kv[i], kv[i + 1]\n" \
+"    if f == 'mode' then\n" \
+"      if v ~= 'read' and v ~= 'write' then return t end\n" \
+"      mode = v\n" \
+"    else\n" \
+"      local h, w = f, string.sub(f, -6) == ':write'\n" \
+"      if w then h = string.sub(f, 1, -7) end\n" \
+"      local tid = string.match(h, id)\n" \
+"      if not tid or #tid > 19 or #v > 19 or not string.find(v, '^[1-9]%d*$') then\n" \
+"        return t\n" \
+"      end\n" \
+"      if w then\n" \
+"        writers = writers + 1\n" \
+"        table.insert(owners, 1, f)\n" \
+"      else\n" \
+"        owners[#owners + 1] = f\n" \
+"      end\n" \
+"    end\n" \
+"  end\n" \
+"  if #owners == 0 or (writers > 0) ~= (mode == 'write') then return t end\n" \
+"  return t, p, owners, mode\n" \
+"end\n"
+
+/*
+ * Force release, every layout.  KEYS: lock.  ARGV: publish command,
+ * expected type, channel, read-write lock channel, fair queue ("": none),
+ * fair timeout set, now (Unix ms).  Only a lock (lock_owners) is deleted:
+ * a key of another type, or of the layout's type that is not a lock
+ * (another application's value or hash, a counter such as a Redisson
+ * semaphore's count of free permits), is answered {-1, its type} and left
+ * as it is.  A read-write lock is deleted whatever the protocol, and its
+ * waiters are all woken ("1", as Redisson's forceUnlock of a write lock
+ * does, then "0": see rw_write_release_lua).  Under redisson_fair the
+ * queue's heads whose time has passed leave it first, as in Redisson's
+ * forceUnlock, and the live head is woken on its own channel.
+ */
+static const char *force_lua =
+LOCK_OWNERS_LUA
+"local t, p, owner, mode = lock_owners(KEYS[1])\n"
+"if t == 'none' then return 0 end\n"
+"if owner and mode then\n"
+"  redis.call('del', KEYS[1])\n"
+"  redis.call(ARGV[1], ARGV[4], '1')\n"
+"  redis.call(ARGV[1], ARGV[4], '0')\n"
+"  return 1\n"
+"end\n"
+"if t ~= ARGV[2] or not owner then return {-1, t} end\n"
+"redis.call('del', KEYS[1])\n"
+"if ARGV[5] == '' then\n"
+"  redis.call(ARGV[1], ARGV[3], '0')\n"
+"  return 1\n"
+"end\n"
+"local now = tonumber(ARGV[7])\n"
+"while true do\n"
+"  local head = redis.call('lindex', ARGV[5], 0)\n"
+"  if not head then break end\n"
+"  local gone = redis.call('zscore', ARGV[6], head)\n"
+"  if not gone or tonumber(gone) > now then break end\n"
+"  redis.call('zrem', ARGV[6], head)\n"
+"  redis.call('lpop', ARGV[5])\n"
+"end\n"
+"local nx = redis.call('lindex', ARGV[5], 0)\n"
+"if nx then redis.call(ARGV[1], ARGV[3] .. ':' .. nx, '0') end\n"
+"return 1\n";
+
+/*
+ * Inspect.  KEYS: lock.  Returns {type, pttl, owner} for a lock of any
+ * layout (lock_owners), {type} for anything else (rl_inspect_reply_valid):
+ * nothing of a key that is not a lock leaves the server.
+ */
+static const char *inspect_lua =
+LOCK_OWNERS_LUA
+"local t, p, owner = lock_owners(KEYS[1])\n"
+"if not owner then return {t} end\n"
+"return {t, p, owner}\n";
+
+/*
+ * Read-write locks: Redisson's RReadWriteLock layout
+ * (doc/rwlock-fairlock.md).  One hash per lock: field "mode" is "read" or "write"; a reader's
+ * field is its owner id holding its read count, the writer's field is
+ * "<owner id>:write".  Each read hold also has a string key
+ * "{lock}:<owner id>:rwlock_timeout:<n>" with its own TTL, and the hash
+ * lives as long as the longest of them.  Waiters listen on
+ * "redisson_rwlock:{lock}"; a read release publishes "0", a write release
+ * "1" (wake every waiter).  As for RLock, reentrancy is counted in the
+ * backend: our count in Redis stays 1, so every script is idempotent.
+ * A key of another type, or a hash without "mode" (an RLock), is refused.
+ *
+ * read, acquire.  KEYS: lock, our read timeout key.  ARGV: lease ms, our
+ * reader field, the field of our write hold of the lock or "" (a writer may
+ * also read: RLLockNames.writer).  Every grant has a field of its own
+ * (rl_mint_owner), so a read beside our write hold has another field than
+ * the write's; a Redisson client reads either as a holder.
+ */
+static const char *rw_read_acquire_lua =
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'none' and t ~= 'hash' then return {-1, t} end\n"
+"local mode = redis.call('hget', KEYS[1], 'mode')\n"
+"if t == 'hash' and not mode then return {-1, 'Redisson lock'} end\n"
+"if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 0 then\n"
+"  return {0, redis.call('pttl', KEYS[1]), 1}\n"
+"end\n"
+"if not mode then redis.call('hset', KEYS[1], 'mode', 'read') end\n"
+"if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then\n"
+"  redis.call('hset', KEYS[1], ARGV[2], 1)\n"
+"end\n"
+"redis.call('set', KEYS[2], 1, 'PX', ARGV[1])\n"
+"if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"end\n"
+"return {1, 0}\n";
+
+/*
+ * read, release.  KEYS: lock, our read timeout key.  ARGV: our reader
+ * field, publish command, channel, prefix of every timeout key ("{lock}").
+ * With other holds left, the hash's TTL becomes the longest remaining read
+ * timeout; with none (or only expired ones) the lock is deleted and waiters
+ * are woken.
+ */
+static const char *rw_read_release_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
+"redis.call('hdel', KEYS[1], ARGV[1])\n"
+"redis.call('del', KEYS[2])\n"
+"if redis.call('hlen', KEYS[1]) > 1 then\n"
+"  local left = -3\n"
+"  for _, f in ipairs(redis.call('hkeys', KEYS[1])) do\n"
+"    local n = tonumber(redis.call('hget', KEYS[1], f))\n"
+"    if n then\n"
+"      for i = n, 1, -1 do\n"
+"        left = math.max(left, redis.call('pttl', ARGV[4] .. ':' .. f .. ':rwlock_timeout:' .. i))\n"
+"      end\n"
+"    end\n"
+"  end\n"
+"  if left > 0 then\n"
+"    redis.call('pexpire', KEYS[1], left)\n"
+"    return 1\n"
+"  end\n"
+"  if redis.call('hget', KEYS[1], 'mode') == 'write' then return 1 end\n"
+"end\n"
+"redis.call('del', KEYS[1])\n"
+"redis.call(ARGV[2], ARGV[3], '0')\n"
+"return 1\n";
+
+/*
+ * read, extend / renew.  KEYS: lock, our read timeout key.  ARGV: field,
+ * ms, renew flag.  Returns 0 or 2 + the shorter of the PTTLs found of the
+ * hash and our timeout key: a Redisson reader's renewal sets both to its own
+ * lockWatchdogTimeout, which may be shorter than our lease.
+ */
+static const char *rw_read_extend_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
+"local t = redis.call('pttl', KEYS[1])\n"
+"local mine = redis.call('pttl', KEYS[2])\n"
+"if mine < t then t = mine end\n"
+"if ARGV[3] ~= '1' or mine < tonumber(ARGV[2]) then\n"
+"  redis.call('set', KEYS[2], 1, 'PX', ARGV[2])\n"
+"end\n"
+"if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"end\n"
+"return math.max(t, -1) + 2\n";
+
+/* write, acquire.  KEYS: lock.  ARGV: lease ms, our writer field. */
+static const char *rw_write_acquire_lua =
+"local t = redis.call('type', KEYS[1])['ok']\n"
+"if t ~= 'none' and t ~= 'hash' then return {-1, t} end\n"
+"local mode = redis.call('hget', KEYS[1], 'mode')\n"
+"if t == 'hash' and not mode then return {-1, 'Redisson lock'} end\n"
+"if not mode then\n"
+"  redis.call('hset', KEYS[1], 'mode', 'write')\n"
+"  redis.call('hset', KEYS[1], ARGV[2], 1)\n"
+"  redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  return {1, 0}\n"
+"end\n"
+"if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then\n"
+"  if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then\n"
+"    redis.call('pexpire', KEYS[1], ARGV[1])\n"
+"  end\n"
+"  return {1, 0}\n"
+"end\n"
+"return {0, redis.call('pttl', KEYS[1]), 1}\n";
+
+/*
+ * write, release.  KEYS: lock.  ARGV: our writer field, publish command,
+ * channel.  Read holds of our own left behind (a downgrade) keep the lock
+ * in read mode; either way every waiter is woken, since readers may now
+ * proceed: "1", as Redisson's write unlock sends, then "0".  Redisson
+ * answers "1" by releasing as many latch permits as threads are asleep on
+ * it, so a thread that found the lock taken but is not asleep yet misses
+ * it and sleeps out the lock's TTL; "0" leaves one permit for such a
+ * thread.
+ */
+static const char *rw_write_release_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
+"redis.call('hdel', KEYS[1], ARGV[1])\n"
+"if redis.call('hlen', KEYS[1]) <= 1 then\n"
+"  redis.call('del', KEYS[1])\n"
+"else\n"
+"  redis.call('hset', KEYS[1], 'mode', 'read')\n"
+"end\n"
+"redis.call(ARGV[2], ARGV[3], '1')\n"
+"redis.call(ARGV[2], ARGV[3], '0')\n"
+"return 1\n";
+
+/*
+ * write, extend / renew.  ARGV: field, ms, renew flag (unused: it never
+ * shortens the hash's TTL anyway, since read holds of our own, a downgrade,
+ * may need it longer, unlike Redisson's renewal).  Reply as
+ * simple_extend_lua's.
+ */
+static const char *rw_write_extend_lua =
+"if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then return 0 end\n"
+"if redis.call('hexists', KEYS[1], 'mode') == 0 then return 0 end\n"
+"local t = redis.call('pttl', KEYS[1])\n"
+"if t < tonumber(ARGV[2]) then\n"
+"  redis.call('pexpire', KEYS[1], ARGV[2])\n"
+"end\n"
+"return t + 2\n";
+
+/*
+ * Several locks at once (redis_lock_acquire_many), all or nothing, in one
+ * script per node: every key is checked first and nothing is written unless
+ * every one is free or ours.  Each key's grant is what the single acquire
+ * script would do with it.  Replies: {1, token per key} granted; {0, i,
+ * pttl, publishes} key i (1-based) busy; {-1, i, type} key i is not a lock
+ * of the layout; {-2, i} key i, which the session holds (its held flag),
+ * is not ours any more (lost).  A key already holding our token is ours (a
+ * retried acquire whose reply was lost): it is refreshed and counted anew.
+ *
+ * Fencing: one INCR per newly granted key, on the key's own counter as the
+ * single script does, and each token is raised above the one before it in
+ * the given order (a SET of the counter, which only moves it up), so the
+ * tokens of one call increase strictly in the order the names were given.
+ * A lock the session held keeps its token (0 in the reply).
+ *
+ * simple.  KEYS: n locks, then their n fence counters.  ARGV: marker,
+ * fence flag, then for each key its token, lease ms and held flag.
+ */
+static const char *simple_acquire_many_lua =
+"local n = #KEYS / 2\n"
+"for i = 1, n do\n"
+"  local b = 2 + 3 * (i - 1)\n"
+"  local v = redis.pcall('get', KEYS[i])\n"
+"  if type(v) == 'table' and v.err then\n"
+"    return {-1, i, redis.call('type', KEYS[i])['ok']}\n"
+"  end\n"
+"  if v ~= ARGV[b + 1] then\n"
+"    if ARGV[b + 3] == '1' then return {-2, i} end\n"
+"    if v then\n"
+"      local p = redis.call('pttl', KEYS[i])\n"
+"      if string.sub(v, 1, #ARGV[1]) == ARGV[1] then return {0, i, p, 1} end\n"
+"      return {0, i, p, 0}\n"
+"    end\n"
+"  end\n"
+"end\n"
+"local out = {1}\n"
+"local floor = 0\n"
+"for i = 1, n do\n"
+"  local b = 2 + 3 * (i - 1)\n"
+"  redis.call('set', KEYS[i], ARGV[b + 1], 'PX', ARGV[b + 2])\n"
+"  local f = 0\n"
+"  if ARGV[b + 3] ~= '1' and ARGV[2] == '1' then\n"
+"    f = redis.call('incr', KEYS[n + i])\n"
+"    local raise = false\n"
+"    if f == 1 then\n"
+"      local t = redis.call('time')\n"
+"      f = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+"      raise = true\n"
+"    end\n"
+"    if f <= floor then\n"
+"      f = floor + 1\n"
+"      raise = true\n"
+"    end\n"
+"    if raise then redis.call('set', KEYS[n + i], string.format('%.0f', f)) end\n"
+"    floor = f\n"
+"  end\n"
+"  out[i + 1] = f\n"
+"end\n"
+"return out\n";
+
+/*
+ * redisson (RLock hashes, as a RedissonMultiLock takes them).  KEYS: n
+ * locks, then their n slots' fence counters, then (fence flag "2") their
+ * n per-name counters.  ARGV: fence flag (as redisson_acquire_lua's), then
+ * for each key our field (each grant has its own, rl_mint_owner), lease ms
+ * and held flag.
+ */
+static const char *redisson_acquire_many_lua =
+REDISSON_TOKEN_LUA
+"local n = #KEYS / 2\n"
+"if ARGV[1] == '2' then n = #KEYS / 3 end\n"
+"for i = 1, n do\n"
+"  local b = 1 + 3 * (i - 1)\n"
+"  local t = redis.call('type', KEYS[i])['ok']\n"
+"  if t == 'none' then\n"
+"    if ARGV[b + 3] == '1' then return {-2, i} end\n"
+"  elseif t ~= 'hash' then\n"
+"    return {-1, i, t}\n"
+"  elseif redis.call('hexists', KEYS[i], 'mode') == 1 then\n"
+"    return {-1, i, 'read-write lock'}\n"
+"  elseif redis.call('hexists', KEYS[i], ARGV[b + 1]) == 0 then\n"
+"    if ARGV[b + 3] == '1' then return {-2, i} end\n"
+"    return {0, i, redis.call('pttl', KEYS[i]), 1}\n"
+"  end\n"
+"end\n"
+"local out = {1}\n"
+"local floor = 0\n"
+"for i = 1, n do\n"
+"  local b = 1 + 3 * (i - 1)\n"
+"  if redis.call('hexists', KEYS[i], ARGV[b + 1]) == 0 then\n"
+"    redis.call('hincrby', KEYS[i], ARGV[b + 1], 1)\n"
+"  end\n"
+"  redis.call('pexpire', KEYS[i], ARGV[b + 2])\n"
+"  local f = 0\n"
+"  if ARGV[b + 3] ~= '1' and ARGV[1] ~= '0' then\n"
+"    local nc = nil\n"
+"    if ARGV[1] == '2' then nc = KEYS[2 * n + i] end\n"
+"    f = token(KEYS[n + i], nc, floor)\n"
+"    floor = f\n"
+"  end\n"
+"  out[i + 1] = f\n"
+"end\n"
+"return out\n";
+
+/*
+ * Semaphores, Redisson's RPermitExpirableSemaphore layout
+ * (doc/semaphores.md): the key holds the count of free permits (a decimal
+ * integer), "{key}:timeout" (Redisson's suffix rule) is a sorted set of
+ * the permits taken, each a 16-byte id scored with its expiry in Unix ms
+ * by the clock of the client that took it.  Any client's next script puts
+ * an expired permit back (the count goes up, and "redisson_sc:{key}" is
+ * told the new count, as Redisson's scripts do); nothing in Redis does it
+ * by itself.  RSemaphore takes and gives back from the same count,
+ * without ids.  Our holder's permits are its owner value's 14 bytes (28
+ * hex digits) and a 2-byte index, all with one score, so one owner value
+ * names them all and every script is idempotent for it: a permit is
+ * counted back only when its id was removed, so no script ever makes a
+ * permit that was not taken.  Scripts check the types (and that the count
+ * is an integer) before they write.
+ *
+ * Each script starts with this prelude.  KEYS: count, timeout set.
+ */
+#define RL_SEM_PRELUDE \
+"local function ids(o, k)\n" \
+"  local b = ''\n" \
+"  for i = 1, #o, 2 do b = b .. string.char(tonumber(string.sub(o, i, i + 1), 16)) end\n" \
+"  local t = {}\n" \
+"  for i = 0, k - 1 do t[#t + 1] = b .. string.char(math.floor(i / 256), i % 256) end\n" \
+"  return t\n" \
+"end\n" \
+"local function foreign()\n" \
+"  local t = redis.call('type', KEYS[1])['ok']\n" \
+"  if t ~= 'none' and t ~= 'string' then return KEYS[1] .. ' holds a ' .. t end\n" \
+"  if t == 'string' and (redis.call('strlen', KEYS[1]) > 18 or\n" \
+"      not string.find(redis.call('get', KEYS[1]), '^%-?%d+$')) then\n" \
+"    return KEYS[1] .. ' holds a string that is not a count'\n" \
+"  end\n" \
+"  local z = redis.call('type', KEYS[2])['ok']\n" \
+"  if z ~= 'none' and z ~= 'zset' then return KEYS[2] .. ' holds a ' .. z end\n" \
+"  return nil\n" \
+"end\n" \
+"local function reclaim(now, pub, ch)\n" \
+"  local e = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)\n" \
+"  if #e > 0 then\n" \
+"    redis.call('zrem', KEYS[2], unpack(e))\n" \
+"    local v = redis.call('incrby', KEYS[1], #e)\n" \
+"    if v > 0 then redis.call(pub, ch, v) end\n" \
+"  end\n" \
+"end\n" \
+"local function present(mine)\n" \
+"  for _, id in ipairs(mine) do\n" \
+"    if not redis.call('zscore', KEYS[2], id) then return false end\n" \
+"  end\n" \
+"  return true\n" \
+"end\n"
+
+/*
+ * acquire.  ARGV: owner, permits, now, expiry (now + lease), publish
+ * command, channel.  {1, 0} granted (also when our permits are there
+ * already: a retry), {0, ms to the nearest expiry or -1, 1} busy (a
+ * release publishes), {-1, type} when a key is of another kind.
+ */
+static const char *sem_acquire_lua =
+RL_SEM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"reclaim(ARGV[3], ARGV[5], ARGV[6])\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if redis.call('zscore', KEYS[2], mine[1]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[2], 'XX', ARGV[4], id) end\n"
+"  return {1, 0}\n"
+"end\n"
+"local v = redis.call('get', KEYS[1])\n"
+"if v and tonumber(v) >= #mine then\n"
+"  redis.call('decrby', KEYS[1], #mine)\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[2], ARGV[4], id) end\n"
+"  local ttl = redis.call('pttl', KEYS[1])\n"
+"  if ttl > 0 then redis.call('pexpire', KEYS[2], ttl) end\n"
+"  return {1, 0}\n"
+"end\n"
+"local h = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')\n"
+"if h[1] and h[2] ~= '922337203685477' then\n"
+"  return {0, math.max(tonumber(h[2]) - tonumber(ARGV[3]), 1), 1}\n"
+"end\n"
+"return {0, -1, 1}\n";
+
+/*
+ * release.  ARGV: owner, permits, publish command, channel.  Only our own
+ * ids are removed, and only what was removed is counted back; 1 when all
+ * of them were there, 0 when some were not (lost: another client put
+ * them back once they expired).
+ */
+static const char *sem_release_lua =
+RL_SEM_PRELUDE
+"if foreign() then return 0 end\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"local n = redis.call('zrem', KEYS[2], unpack(mine))\n"
+"if n == 0 then return 0 end\n"
+"redis.call(ARGV[3], ARGV[4], redis.call('incrby', KEYS[1], n))\n"
+"if n < #mine then return 0 end\n"
+"return 1\n";
+
+/*
+ * extend / verify / renew.  ARGV: owner, permits, now, expiry, renew
+ * flag, publish command, channel.  Expired permits go back first (ours
+ * too: then it is lost); 0 when any of ours is gone, else 2 + what was
+ * left of their lease.
+ */
+static const char *sem_extend_lua =
+RL_SEM_PRELUDE
+"if foreign() then return 0 end\n"
+"reclaim(ARGV[3], ARGV[6], ARGV[7])\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if not present(mine) then return 0 end\n"
+"local s = tonumber(redis.call('zscore', KEYS[2], mine[1]))\n"
+"if ARGV[5] ~= '1' or s < tonumber(ARGV[4]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[2], 'XX', ARGV[4], id) end\n"
+"end\n"
+"return math.max(s - tonumber(ARGV[3]), -1) + 2\n";
+
+/*
+ * status, read only.  ARGV: now.  {exists, free, taken}: free counts the
+ * expired permits too (the next script puts them back), taken the others;
+ * {-1, type} for a key of another kind.
+ */
+static const char *sem_status_lua =
+RL_SEM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"local held = redis.call('zcount', KEYS[2], '(' .. ARGV[1], '+inf')\n"
+"local v = redis.call('get', KEYS[1])\n"
+"if not v then return {0, 0, held} end\n"
+"return {1, tonumber(v) + redis.call('zcount', KEYS[2], 0, ARGV[1]), held}\n";
+
+/*
+ * set up: Redisson's trySetPermits.  ARGV: permits, publish command,
+ * channel.  1 when the count was set, 0 when the semaphore had one.
+ */
+static const char *sem_setup_lua =
+RL_SEM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"if redis.call('exists', KEYS[1]) == 1 then return 0 end\n"
+"redis.call('set', KEYS[1], ARGV[1])\n"
+"redis.call(ARGV[2], ARGV[3], ARGV[1])\n"
+"return 1\n";
+
+/*
+ * Semaphores, redis-semaphore's layout (npm, doc/semaphores.md): one
+ * sorted set whose members are the holders' identifiers scored with when
+ * they took or last refreshed their permit, in Unix ms by their own
+ * clock.  A member older than the lease of the client looking is stale
+ * and removed before counting; the limit is each client's to pass, none
+ * is stored; nothing is published.  Our holder's permits are
+ * "<owner>_<index>", as the package's MultiSemaphore names its own.
+ *
+ * Prelude.  KEYS: the set.
+ */
+#define RL_NPM_PRELUDE \
+"local function ids(o, k)\n" \
+"  local t = {}\n" \
+"  for i = 0, k - 1 do t[#t + 1] = o .. '_' .. i end\n" \
+"  return t\n" \
+"end\n" \
+"local function foreign()\n" \
+"  local t = redis.call('type', KEYS[1])['ok']\n" \
+"  if t ~= 'none' and t ~= 'zset' then return KEYS[1] .. ' holds a ' .. t end\n" \
+"  return nil\n" \
+"end\n" \
+"local function present(mine)\n" \
+"  for _, id in ipairs(mine) do\n" \
+"    if not redis.call('zscore', KEYS[1], id) then return false end\n" \
+"  end\n" \
+"  return true\n" \
+"end\n" \
+"local function keep(lease)\n" \
+"  if redis.call('pttl', KEYS[1]) < tonumber(lease) then\n" \
+"    redis.call('pexpire', KEYS[1], lease)\n" \
+"  end\n" \
+"end\n"
+
+/*
+ * acquire.  ARGV: owner, permits, limit, lease, now, now - lease.  As
+ * sem_acquire_lua's replies; busy: until the oldest member goes stale by
+ * our lease, and 0: nobody publishes.
+ */
+static const char *npm_acquire_lua =
+RL_NPM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[6])\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if redis.call('zscore', KEYS[1], mine[1]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[1], 'XX', ARGV[5], id) end\n"
+"  keep(ARGV[4])\n"
+"  return {1, 0}\n"
+"end\n"
+"if redis.call('zcard', KEYS[1]) + #mine <= tonumber(ARGV[3]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[1], ARGV[5], id) end\n"
+"  keep(ARGV[4])\n"
+"  return {1, 0}\n"
+"end\n"
+"local h = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')\n"
+"if not h[1] then return {0, -1, 0} end\n"
+"return {0, math.max(tonumber(h[2]) - tonumber(ARGV[6]), 1), 0}\n";
+
+/* release.  ARGV: owner, permits.  1 when all were there, else 0. */
+static const char *npm_release_lua =
+RL_NPM_PRELUDE
+"if foreign() then return 0 end\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if redis.call('zrem', KEYS[1], unpack(mine)) < #mine then return 0 end\n"
+"return 1\n";
+
+/*
+ * extend / verify / renew.  ARGV: owner, permits, lease, renew flag, now.
+ * A member still there was counted by every script that ran since it was
+ * scored (none removed it), so scoring it now keeps the limit; 0 when any
+ * of ours is gone, else 2 + what was left of the lease by our lease.
+ */
+static const char *npm_extend_lua =
+RL_NPM_PRELUDE
+"if foreign() then return 0 end\n"
+"local mine = ids(ARGV[1], tonumber(ARGV[2]))\n"
+"if not present(mine) then return 0 end\n"
+"local s = tonumber(redis.call('zscore', KEYS[1], mine[1]))\n"
+"if ARGV[4] ~= '1' or s < tonumber(ARGV[5]) then\n"
+"  for _, id in ipairs(mine) do redis.call('zadd', KEYS[1], 'XX', ARGV[5], id) end\n"
+"end\n"
+"keep(ARGV[3])\n"
+"return math.max(s + tonumber(ARGV[3]) - tonumber(ARGV[5]), -1) + 2\n";
+
+/*
+ * status, read only.  ARGV: now - lease.  {exists, -1, taken}: the free
+ * count is the caller's limit less taken.
+ */
+static const char *npm_status_lua =
+RL_NPM_PRELUDE
+"local bad = foreign()\n"
+"if bad then return {-1, bad} end\n"
+"return {redis.call('exists', KEYS[1]), -1,\n"
+"        redis.call('zcount', KEYS[1], '(' .. ARGV[1], '+inf')}\n";
+
+typedef struct RLScript
+{
+	const char *name;			/* for messages */
+	const char *body;
+	char		sha[41];
+} RLScript;
+
+static RLScript scripts[RL_SCRIPT_COUNT];
+
+/*
+ * The script's SHA1, as EVALSHA names it.  OpenSSL's, which the extension
+ * links for TLS anyway: PostgreSQL's own (pg_cryptohash) exists only from
+ * 14, and before it scripts went as EVAL, their whole body every time.
+ */
+static void
+compute_sha(RLScript *s)
+{
+	uint8		digest[EVP_MAX_MD_SIZE];
+	unsigned int len = 0;
+
+	if (EVP_Digest(s->body, strlen(s->body), digest, &len, EVP_sha1(), NULL) != 1 ||
+		len != 20)
+		elog(ERROR, "could not compute SHA1 of a script");
+	rl_hex_encode(digest, 20, s->sha);
+}
+
+/*
+ * Fill the script table (names for messages, Lua bodies) at load time; the
+ * SHA1s are computed on first use.
+ */
+void
+rl_scripts_init(void)
+{
+	const RLScript all[RL_SCRIPT_COUNT] = {
+		[RL_SCRIPT_SIMPLE_ACQUIRE] = {"simple acquire", simple_acquire_lua},
+		[RL_SCRIPT_SIMPLE_RELEASE] = {"simple release", simple_release_lua},
+		[RL_SCRIPT_SIMPLE_EXTEND] = {"simple extend", simple_extend_lua},
+		[RL_SCRIPT_REDISSON_ACQUIRE] = {"redisson acquire", redisson_acquire_lua},
+		[RL_SCRIPT_REDISSON_RELEASE] = {"redisson release", redisson_release_lua},
+		[RL_SCRIPT_REDISSON_EXTEND] = {"redisson extend", redisson_extend_lua},
+		[RL_SCRIPT_FAIR_ACQUIRE] = {"fair acquire", fair_acquire_lua},
+		[RL_SCRIPT_FAIR_RELEASE] = {"fair release", fair_release_lua},
+		[RL_SCRIPT_FAIR_DEQUEUE] = {"fair dequeue", fair_dequeue_lua},
+		[RL_SCRIPT_RW_READ_ACQUIRE] = {"read-write lock read acquire", rw_read_acquire_lua},
+		[RL_SCRIPT_RW_READ_RELEASE] = {"read-write lock read release", rw_read_release_lua},
+		[RL_SCRIPT_RW_READ_EXTEND] = {"read-write lock read extend", rw_read_extend_lua},
+		[RL_SCRIPT_RW_WRITE_ACQUIRE] = {"read-write lock write acquire", rw_write_acquire_lua},
+		[RL_SCRIPT_RW_WRITE_RELEASE] = {"read-write lock write release", rw_write_release_lua},
+		[RL_SCRIPT_RW_WRITE_EXTEND] = {"read-write lock write extend", rw_write_extend_lua},
+		[RL_SCRIPT_FORCE] = {"force release", force_lua},
+		[RL_SCRIPT_INSPECT] = {"inspect", inspect_lua},
+		[RL_SCRIPT_SIMPLE_ACQUIRE_MANY] = {"simple acquire many", simple_acquire_many_lua},
+		[RL_SCRIPT_REDISSON_ACQUIRE_MANY] = {"redisson acquire many", redisson_acquire_many_lua},
+		[RL_SCRIPT_SEM_ACQUIRE] = {"redisson semaphore acquire", sem_acquire_lua},
+		[RL_SCRIPT_SEM_RELEASE] = {"redisson semaphore release", sem_release_lua},
+		[RL_SCRIPT_SEM_EXTEND] = {"redisson semaphore extend", sem_extend_lua},
+		[RL_SCRIPT_SEM_STATUS] = {"redisson semaphore status", sem_status_lua},
+		[RL_SCRIPT_SEM_SETUP] = {"redisson semaphore set up", sem_setup_lua},
+		[RL_SCRIPT_NPM_ACQUIRE] = {"redis-semaphore acquire", npm_acquire_lua},
+		[RL_SCRIPT_NPM_RELEASE] = {"redis-semaphore release", npm_release_lua},
+		[RL_SCRIPT_NPM_EXTEND] = {"redis-semaphore extend", npm_extend_lua},
+		[RL_SCRIPT_NPM_STATUS] = {"redis-semaphore status", npm_status_lua},
+	};
+
+	memcpy(scripts, all, sizeof(scripts));
+}
+
+/*
+ * SHA1s are computed on first use, not in _PG_init: the hash needs a
+ * resource owner, which the postmaster does not have.
+ */
+static void
+ensure_shas(void)
+{
+	static bool ready = false;
+	ResourceOwner saved = CurrentResourceOwner;
+	ResourceOwner tmp = NULL;
+	int			i;
+
+	if (ready)
+		return;
+	if (saved == NULL)
+		CurrentResourceOwner = tmp = ResourceOwnerCreate(NULL, "redis_lock scripts");
+	for (i = 0; i < RL_SCRIPT_COUNT; i++)
+		compute_sha(&scripts[i]);
+	if (tmp != NULL)
+	{
+		CurrentResourceOwner = saved;
+		ResourceOwnerDelete(tmp);
+	}
+	ready = true;
+}
+
+/* ----------------------------------------------------------------
+ * Calls
+ * ----------------------------------------------------------------
+ */
+
+/* EVALSHA sha nkeys keys... args... */
+void
+rl_script_call(RLCall *call, RLConn *conn, RLScriptId id, int nkeys,
+			   const char **keys, int nargs, const char **args)
+{
+	RLScript   *s = &scripts[id];
+	static const char *nkeys_text[] = {"0", "1", "2", "3", "4", "5"};
+	int			i;
+
+	Assert(nkeys < (int) lengthof(nkeys_text));
+	ensure_shas();
+	rl_call_set(call, conn, 0, NULL, NULL);
+	rl_call_arg(call, "EVALSHA", 7);
+	rl_call_arg(call, s->sha, 40);
+	rl_call_arg(call, nkeys_text[nkeys], 1);
+	for (i = 0; i < nkeys; i++)
+		rl_call_arg(call, keys[i], strlen(keys[i]));
+	for (i = 0; i < nargs; i++)
+		rl_call_arg(call, args[i], strlen(args[i]));
+}
+
+/* Which script does this call run? (by its SHA) */
+static RLScript *
+script_of(RLCall *call)
+{
+	int			i;
+
+	if (call->argc < 2 || pg_strcasecmp(call->argv[0], "EVALSHA") != 0)
+		return NULL;
+	for (i = 0; i < RL_SCRIPT_COUNT; i++)
+		if (call->argvlen[1] == 40 && memcmp(call->argv[1], scripts[i].sha, 40) == 0)
+			return &scripts[i];
+	return NULL;
+}
+
+/* What a call runs, for messages: "script \"simple acquire\"" or its command */
+char *
+rl_call_command_name(RLCall *call)
+{
+	RLScript   *s = NULL;
+
+	if (call->argc >= 2 && (pg_strcasecmp(call->argv[0], "EVALSHA") == 0 ||
+							pg_strcasecmp(call->argv[0], "EVAL") == 0))
+	{
+		int			i;
+
+		s = script_of(call);
+		for (i = 0; s == NULL && i < RL_SCRIPT_COUNT; i++)
+			if (call->argv[1] == scripts[i].body)
+				s = &scripts[i];
+	}
+	if (s != NULL)
+		return psprintf("script \"%s\"", s->name);
+	return pnstrdup(call->argv[0], call->argvlen[0]);
+}
+
+/*
+ * Run script calls on their nodes.  A NOSCRIPT reply (Redis restarted or
+ * SCRIPT FLUSH) means the script did not run: those calls are sent again as
+ * EVAL, and in the same round trip every other script is loaded on that
+ * connection, so the next first use of another script costs nothing extra.
+ */
+void
+rl_script_run(RLCall *calls, int ncalls, RLRunMode mode)
+{
+	int		   *idx = NULL;
+	int			nretry = 0;
+	RLConn	  **reload = NULL;
+	int			nreload = 0;
+	int			i;
+
+	rl_target_run(calls, ncalls, mode);
+	for (i = 0; i < ncalls; i++)
+	{
+		RLCall	   *c = &calls[i];
+		RLScript   *s;
+		int			j;
+
+		if (!rl_reply_is_error(c->reply, "NOSCRIPT") || (s = script_of(c)) == NULL)
+			continue;
+		c->argv[0] = "EVAL";
+		c->argvlen[0] = 4;
+		c->argv[1] = s->body;
+		c->argvlen[1] = strlen(s->body);
+		if (idx == NULL)
+		{
+			idx = palloc(sizeof(int) * ncalls);
+			reload = palloc(sizeof(RLConn *) * ncalls);
+		}
+		idx[nretry++] = i;
+		for (j = 0; j < nreload && reload[j] != c->conn; j++)
+			;
+		if (j == nreload)
+			reload[nreload++] = c->conn;
+	}
+	if (nretry > 0)
+	{
+		int			nagain = nretry + nreload * RL_SCRIPT_COUNT;
+		RLCall	   *again;
+		int			k = 0;
+
+		/* what follows a script that did not run (a WAIT) runs again */
+		for (i = 0; i < nretry; i++)
+			nagain += rl_group_len(calls, ncalls, idx[i]) - 1;
+		again = palloc0(sizeof(RLCall) * nagain);
+		for (i = 0; i < nretry; i++)
+		{
+			int			len = rl_group_len(calls, ncalls, idx[i]);
+			int			j;
+
+			for (j = 0; j < len; j++)
+				again[k++] = calls[idx[i] + j];
+		}
+		for (i = 0; i < nreload; i++)
+		{
+			int			sid;
+
+			for (sid = 0; sid < RL_SCRIPT_COUNT; sid++)
+			{
+				const char *argv[3] = {"SCRIPT", "LOAD", scripts[sid].body};
+
+				rl_call_set(&again[k], reload[i], 3, argv, NULL);
+				/* follow the connection the NOSCRIPT came from */
+				again[k++].target = NULL;
+			}
+		}
+		rl_target_run(again, nagain, mode);
+		k = 0;
+		for (i = 0; i < nretry; i++)
+		{
+			int			len = rl_group_len(calls, ncalls, idx[i]);
+			int			j;
+
+			/* an earlier send that may have run is still told (resent) */
+			for (j = 0; j < len; j++)
+			{
+				bool		resent = calls[idx[i] + j].resent;
+
+				calls[idx[i] + j] = again[k++];
+				calls[idx[i] + j].resent |= resent;
+			}
+		}
+		pfree(again);
+		pfree(idx);
+		pfree(reload);
+	}
+}
+
+/*
+ * Set call up as a semaphore's script for kind (its permits, lease, now):
+ * both layouts pass the owner and the number of permits first.
+ */
+static void
+sem_call(RLCall *call, RLConn *conn, RLOpKind kind, const RLLockNames *n,
+		 int64 lease_ms, bool renew)
+{
+	const char *keys[2] = {n->key, NULL};
+	const char *args[7];
+	int64		now_ms = rl_unix_ms();
+	const char *now = psprintf(INT64_FORMAT, now_ms);
+	const char *lease = rl_ms_text(lease_ms);
+	RLScriptId	id;
+	int			nargs = 2;
+
+	args[0] = n->owner;
+	args[1] = psprintf("%d", n->permits);
+	if (n->protocol == RL_PROTOCOL_SEM_REDISSON)
+	{
+		keys[1] = rl_sem_timeout_key(n);
+		switch (kind)
+		{
+			case RL_OP_ACQUIRE:
+				id = RL_SCRIPT_SEM_ACQUIRE;
+				args[2] = now;
+				args[3] = psprintf(INT64_FORMAT, now_ms + lease_ms);
+				args[4] = rl_publish_cmd();
+				args[5] = n->channel;
+				nargs = 6;
+				break;
+			case RL_OP_RELEASE:
+				id = RL_SCRIPT_SEM_RELEASE;
+				args[2] = rl_publish_cmd();
+				args[3] = n->channel;
+				nargs = 4;
+				break;
+			case RL_OP_SEM_STATUS:
+				id = RL_SCRIPT_SEM_STATUS;
+				args[0] = now;
+				nargs = 1;
+				break;
+			case RL_OP_SEM_SETUP:
+				id = RL_SCRIPT_SEM_SETUP;
+				args[0] = psprintf("%d", n->permits);
+				args[1] = rl_publish_cmd();
+				args[2] = n->channel;
+				nargs = 3;
+				break;
+			default:
+				id = RL_SCRIPT_SEM_EXTEND;
+				args[2] = now;
+				args[3] = psprintf(INT64_FORMAT, now_ms + lease_ms);
+				args[4] = renew ? "1" : "0";
+				args[5] = rl_publish_cmd();
+				args[6] = n->channel;
+				nargs = 7;
+				break;
+		}
+		rl_script_call(call, conn, id, 2, keys, nargs, args);
+		return;
+	}
+	switch (kind)
+	{
+		case RL_OP_ACQUIRE:
+			id = RL_SCRIPT_NPM_ACQUIRE;
+			args[2] = psprintf("%d", n->max_permits);
+			args[3] = lease;
+			args[4] = now;
+			args[5] = psprintf(INT64_FORMAT, now_ms - lease_ms);
+			nargs = 6;
+			break;
+		case RL_OP_RELEASE:
+			id = RL_SCRIPT_NPM_RELEASE;
+			break;
+		case RL_OP_SEM_STATUS:
+			id = RL_SCRIPT_NPM_STATUS;
+			args[0] = psprintf(INT64_FORMAT, now_ms - lease_ms);
+			nargs = 1;
+			break;
+		case RL_OP_SEM_SETUP:
+			elog(ERROR, "redis-semaphore has no stored limit to set");
+			break;
+		default:
+			id = RL_SCRIPT_NPM_EXTEND;
+			args[2] = lease;
+			args[3] = renew ? "1" : "0";
+			args[4] = now;
+			nargs = 5;
+			break;
+	}
+	rl_script_call(call, conn, id, 1, keys, nargs, args);
+}
+
+/*
+ * Set call up as the acquire script of n's protocol with this lease; fence
+ * asks the script to count a fencing token.
+ */
+static void
+script_acquire(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
+			   bool fence, int64 queue_wait_ms)
+{
+	const char *keys[3] = {n->key, n->fence_key, NULL};
+	const char *f = fence ? "1" : "0";
+	bool		by_name = fence && n->name_counter;
+
+	if (by_name)
+		f = "2";
+	if (RL_PROTOCOL_IS_SEM(n->protocol))
+	{
+		sem_call(call, conn, RL_OP_ACQUIRE, n, lease_ms, false);
+		return;
+	}
+	if (n->protocol == RL_PROTOCOL_REDISSON_FAIR)
+	{
+		const char *fkeys[5] = {n->key, n->fence_key, rl_fair_queue_key(n),
+			rl_fair_timeout_key(n),
+		by_name ? rl_name_counter_key(n) : NULL};
+		const char *args[6] = {rl_ms_text(lease_ms), n->owner, f,
+			rl_ms_text(queue_wait_ms), rl_unix_ms_text(),
+		queue_wait_ms > 0 ? "1" : "0"};
+
+		rl_script_call(call, conn, RL_SCRIPT_FAIR_ACQUIRE, by_name ? 5 : 4,
+					   fkeys, 6, args);
+	}
+	else if (n->protocol == RL_PROTOCOL_REDISSON)
+	{
+		const char *args[3] = {rl_ms_text(lease_ms), n->owner, f};
+
+		if (by_name)
+			keys[2] = rl_name_counter_key(n);
+		rl_script_call(call, conn, RL_SCRIPT_REDISSON_ACQUIRE, by_name ? 3 : 2,
+					   keys, 3, args);
+	}
+	else if (n->protocol == RL_PROTOCOL_RW_READ)
+	{
+		const char *rkeys[2] = {n->key, rl_rw_read_timeout_key(n)};
+		const char *args[3] = {rl_ms_text(lease_ms), n->owner, n->writer};
+
+		rl_script_call(call, conn, RL_SCRIPT_RW_READ_ACQUIRE, 2, rkeys, 3, args);
+	}
+	else if (n->protocol == RL_PROTOCOL_RW_WRITE)
+	{
+		const char *args[2] = {rl_ms_text(lease_ms), n->owner};
+
+		rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_ACQUIRE, 1, keys, 2, args);
+	}
+	else
+	{
+		const char *args[4] = {n->owner, rl_ms_text(lease_ms), RL_TOKEN_MARKER, f};
+
+		rl_script_call(call, conn, RL_SCRIPT_SIMPLE_ACQUIRE, 2, keys, 4, args);
+	}
+}
+
+/* Which layouts have a multi-key acquire script */
+bool
+rl_protocol_has_many(RLProtocol protocol)
+{
+	return protocol == RL_PROTOCOL_SIMPLE || protocol == RL_PROTOCOL_REDISSON;
+}
+
+/*
+ * Set call up as the multi-key acquire script of the layout of names[0] (all
+ * names have it): every lock, with its lease, or none; held[i]: the session
+ * holds lock i (then it must still be ours, and keeps its token); fence
+ * asks for fencing tokens.  The arguments past RL_MAX_ARGS are palloc'd in
+ * the current memory context.
+ */
+void
+rl_call_acquire_many(RLCall *call, RLConn *conn, const RLLockNames *const *names,
+					 int n, const int64 *lease_ms, const bool *held, bool fence)
+{
+	bool		simple = names[0]->protocol == RL_PROTOCOL_SIMPLE;
+	RLScript   *s = &scripts[simple ? RL_SCRIPT_SIMPLE_ACQUIRE_MANY :
+								 RL_SCRIPT_REDISSON_ACQUIRE_MANY];
+	bool		by_name = false;
+	char	   *nkeys;
+	int			i;
+
+	Assert(rl_protocol_has_many(names[0]->protocol));
+
+	/*
+	 * One choice for the call (a lock held from before a change of the
+	 * setting has its own flag, but no token is counted for it)
+	 */
+	for (i = 0; i < n && fence && !simple; i++)
+		by_name |= names[i]->name_counter;
+	nkeys = psprintf("%d", (by_name ? 3 : 2) * n);
+	ensure_shas();
+	rl_call_set(call, conn, 0, NULL, NULL);
+	rl_call_arg(call, "EVALSHA", 7);
+	rl_call_arg(call, s->sha, 40);
+	rl_call_arg(call, nkeys, strlen(nkeys));
+	for (i = 0; i < n; i++)
+		rl_call_arg(call, names[i]->key, names[i]->keylen);
+	for (i = 0; i < n; i++)
+		rl_call_arg(call, names[i]->fence_key, strlen(names[i]->fence_key));
+	for (i = 0; i < n && by_name; i++)
+	{
+		char	   *k = rl_name_counter_key(names[i]);
+
+		rl_call_arg(call, k, strlen(k));
+	}
+	if (simple)
+		rl_call_arg(call, RL_TOKEN_MARKER, strlen(RL_TOKEN_MARKER));
+	rl_call_arg(call, by_name ? "2" : fence ? "1" : "0", 1);
+	for (i = 0; i < n; i++)
+	{
+		char	   *ms = rl_ms_text(lease_ms[i]);
+
+		rl_call_arg(call, names[i]->owner, strlen(names[i]->owner));
+		rl_call_arg(call, ms, strlen(ms));
+		rl_call_arg(call, held[i] ? "1" : "0", 1);
+	}
+}
+
+/*
+ * Set call up as the release script of n's protocol: delete the lock if it
+ * is ours and publish on its channel.
+ */
+static void
+script_release(RLCall *call, RLConn *conn, const RLLockNames *n)
+{
+	const char *keys[2] = {n->key, NULL};
+	const char *args[4] = {n->owner, rl_publish_cmd(), n->channel, NULL};
+
+	switch (n->protocol)
+	{
+		case RL_PROTOCOL_SEM_REDISSON:
+		case RL_PROTOCOL_SEM_NPM:
+			sem_call(call, conn, RL_OP_RELEASE, n, 0, false);
+			break;
+		case RL_PROTOCOL_SIMPLE:
+			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_RELEASE, 1, keys, 3, args);
+			break;
+		case RL_PROTOCOL_REDISSON:
+			rl_script_call(call, conn, RL_SCRIPT_REDISSON_RELEASE, 1, keys, 3, args);
+			break;
+		case RL_PROTOCOL_REDISSON_FAIR:
+			{
+				const char *fkeys[3] = {n->key, rl_fair_queue_key(n),
+				rl_fair_timeout_key(n)};
+
+				args[3] = rl_unix_ms_text();
+				rl_script_call(call, conn, RL_SCRIPT_FAIR_RELEASE, 3, fkeys, 4, args);
+			}
+			break;
+		case RL_PROTOCOL_RW_READ:
+			keys[1] = rl_rw_read_timeout_key(n);
+			args[3] = rl_rw_timeout_prefix(n->key);
+			rl_script_call(call, conn, RL_SCRIPT_RW_READ_RELEASE, 2, keys, 4, args);
+			break;
+		case RL_PROTOCOL_RW_WRITE:
+			rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_RELEASE, 1, keys, 3, args);
+			break;
+	}
+}
+
+/*
+ * Set call up as the extend script of n's protocol: restart the lease if the
+ * lock is still ours (also how a lock is verified); with renew, only
+ * lengthen what is left of it (the watchdog's renewals).
+ */
+static void
+script_extend(RLCall *call, RLConn *conn, const RLLockNames *n, int64 lease_ms,
+			  bool renew)
+{
+	const char *keys[2] = {n->key, NULL};
+	const char *args[3] = {n->owner, rl_ms_text(lease_ms), renew ? "1" : "0"};
+
+	switch (n->protocol)
+	{
+		case RL_PROTOCOL_SEM_REDISSON:
+		case RL_PROTOCOL_SEM_NPM:
+			sem_call(call, conn, RL_OP_EXTEND, n, lease_ms, renew);
+			break;
+		case RL_PROTOCOL_SIMPLE:
+			rl_script_call(call, conn, RL_SCRIPT_SIMPLE_EXTEND, 1, keys, 3, args);
+			break;
+		case RL_PROTOCOL_REDISSON:
+		case RL_PROTOCOL_REDISSON_FAIR:
+			rl_script_call(call, conn, RL_SCRIPT_REDISSON_EXTEND, 1, keys, 3, args);
+			break;
+		case RL_PROTOCOL_RW_READ:
+			keys[1] = rl_rw_read_timeout_key(n);
+			rl_script_call(call, conn, RL_SCRIPT_RW_READ_EXTEND, 2, keys, 3, args);
+			break;
+		case RL_PROTOCOL_RW_WRITE:
+			rl_script_call(call, conn, RL_SCRIPT_RW_WRITE_EXTEND, 1, keys, 3, args);
+			break;
+	}
+}
+
+/*
+ * Set call up as the force-release script: delete the lock whoever holds it
+ * and publish on its channel, refusing a key of a foreign type.
+ */
+static void
+script_force(RLCall *call, RLConn *conn, const RLLockNames *n)
+{
+	bool		fair = n->protocol == RL_PROTOCOL_REDISSON_FAIR;
+	const char *keys[1] = {n->key};
+	const char *args[7] = {rl_publish_cmd(),
+		n->protocol == RL_PROTOCOL_SIMPLE ? "string" : "hash",
+		n->channel,
+		rl_redisson_prefix_name("redisson_rwlock", n->key),
+		fair ? rl_fair_queue_key(n) : "",
+		fair ? rl_fair_timeout_key(n) : "",
+	fair ? rl_unix_ms_text() : "0"};
+
+	rl_script_call(call, conn, RL_SCRIPT_FORCE, 1, keys, 7, args);
+}
+
+/*
+ * Leave a fair lock's queue (a waiter that gives up); queue_wait_ms is the
+ * wait it joined with.
+ */
+static void
+script_dequeue(RLCall *call, RLConn *conn, const RLLockNames *n,
+			   int64 queue_wait_ms)
+{
+	const char *keys[3] = {n->key, rl_fair_queue_key(n), rl_fair_timeout_key(n)};
+	const char *args[4] = {n->owner, rl_ms_text(queue_wait_ms), rl_publish_cmd(),
+	n->channel};
+
+	Assert(n->protocol == RL_PROTOCOL_REDISSON_FAIR);
+	rl_script_call(call, conn, RL_SCRIPT_FAIR_DEQUEUE, 3, keys, 4, args);
+}
+
+/* Set call up as the inspect script: the key's type, pttl and holder(s) */
+static void
+script_inspect(RLCall *call, RLConn *conn, const RLLockNames *n)
+{
+	const char *keys[1] = {n->key};
+
+	rl_script_call(call, conn, RL_SCRIPT_INSPECT, 1, keys, 0, NULL);
+}
+
+/* How many calls one node's unit of this operation has */
+int
+rl_unit_calls(RLOpKind kind, const RLLockNames *n, bool fence)
+{
+	if (!n->script_free)
+		return 1;
+	return rl_free_unit(NULL, NULL, kind, n, 0, fence);
+}
+
+/*
+ * Set unit up as the operation on one node: its script, or its script-free
+ * form (rl_unit_calls of them, the first leading, the rest following it).
+ */
+void
+rl_build_unit(RLCall *unit, RLConn *conn, RLOpKind kind, const RLLockNames *n,
+			  int64 lease_ms, bool fence, int64 queue_wait_ms)
+{
+	int			k;
+	int			i;
+
+	if (n->script_free)
+	{
+		k = rl_free_unit(unit, conn, kind, n, lease_ms, fence);
+		for (i = 1; i < k; i++)
+			unit[i].follows = true;
+		return;
+	}
+	switch (kind)
+	{
+		case RL_OP_ACQUIRE:
+			script_acquire(unit, conn, n, lease_ms, fence, queue_wait_ms);
+			break;
+		case RL_OP_DEQUEUE:
+			script_dequeue(unit, conn, n, queue_wait_ms);
+			break;
+		case RL_OP_EXTEND:
+		case RL_OP_RENEW:
+			script_extend(unit, conn, n, lease_ms, kind == RL_OP_RENEW);
+			break;
+		case RL_OP_RELEASE:
+			script_release(unit, conn, n);
+			break;
+		case RL_OP_FORCE:
+			script_force(unit, conn, n);
+			break;
+		case RL_OP_INSPECT:
+			script_inspect(unit, conn, n);
+			break;
+		case RL_OP_SEM_STATUS:
+		case RL_OP_SEM_SETUP:
+			sem_call(unit, conn, kind, n, lease_ms, false);
+			break;
+	}
+}

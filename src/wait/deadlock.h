@@ -1,0 +1,75 @@
+/*-------------------------------------------------------------------------
+ *
+ * deadlock.h
+ *	  Deadlocks across Redis locks and PostgreSQL locks among the backends
+ *	  of one server (deadlock.c).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/wait/deadlock.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_DEADLOCK_H
+#define RL_DEADLOCK_H
+
+#include "waitqueue.h"
+
+/*
+ * Keys a published wait keeps in its record in shared memory; a wait for
+ * more (a multi-key acquire) puts all of them in a dynamic shared memory
+ * segment of its own, which the other waiters' checks read.
+ */
+#define RL_DEADLOCK_INLINE_KEYS	16
+
+/* One Redis lock a backend waits for */
+typedef struct RLWaitKey
+{
+	const char *target_spec;	/* RLTarget.spec of where it lives */
+	const char *key;			/* its Redis key */
+	RLProtocol	protocol;		/* its layout: RL_PROTOCOL_RW_READ waits for a
+								 * read hold (blocked by writers only); every
+								 * other layout for an exclusive hold */
+} RLWaitKey;
+
+/*
+ * One hold on a cycle a check found, for the caller to ask Redis about:
+ * is owner still the holder (or one of the holders) of key there?  Only
+ * then does the hold close the cycle: the registry learns that a hold was
+ * lost only at the worker's next renewal.
+ */
+typedef struct RLDeadlockHold
+{
+	const char *target_spec;	/* where the lock lives (rl_target_from_spec) */
+	const char *key;			/* its Redis key */
+	const char *owner;			/* the holding backend's owner value */
+	RLProtocol	protocol;		/* the hold's layout */
+	bool		script_free;	/* it was taken without Lua scripts */
+	bool		in_redis;		/* out: Redis answered, and owner holds it */
+} RLDeadlockHold;
+
+/*
+ * A wait goes: rl_deadlock_wait_begin(keys), then, in the wait's loop,
+ * rl_deadlock_check_due(now, ...) wherever the wait may raise, and sleeps
+ * that end by rl_deadlock_wake_at(deadline); then rl_deadlock_wait_end().
+ * The keys (and their strings) must stay valid until the wait ends or
+ * rl_deadlock_wait_keys() replaces them.  An ERROR ending the wait needs no
+ * call: (sub)transaction abort and backend exit end it.
+ *
+ * A check that finds a cycle returns true with the holds on it: the caller
+ * asks Redis about each (one round trip; this file never talks to Redis),
+ * sets in_redis, and calls rl_deadlock_confirm(), which raises 40P01 when
+ * the cycle is real.  A hold Redis was not asked about, or did not answer
+ * for, stays !in_redis: no deadlock is reported for it.
+ */
+extern void rl_deadlock_init(void);
+extern void rl_deadlock_wait_begin(const RLWaitKey *keys, int nkeys);
+extern void rl_deadlock_wait_keys(const RLWaitKey *keys, int nkeys);
+extern TimestampTz rl_deadlock_wake_at(TimestampTz deadline);
+extern bool rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds,
+								  int *nholds);
+extern void rl_deadlock_confirm(void);
+extern void rl_deadlock_wait_end(void);
+
+#endif							/* RL_DEADLOCK_H */

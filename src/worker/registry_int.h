@@ -1,0 +1,148 @@
+/*-------------------------------------------------------------------------
+ *
+ * registry_int.h
+ *	  The layout of the shared registry, for registry.c, which owns it, and
+ *	  the watchdog worker (watchdog.c), which renews and frees its slots,
+ *	  and its keyspace watch (watchevents.c).  Nothing else includes this:
+ *	  backends use the calls of watchdog.h.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/worker/registry_int.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_REGISTRY_INT_H
+#define RL_REGISTRY_INT_H
+
+#include "watchdog.h"
+
+#include "port/atomics.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+
+#define RL_MAX_TARGETS		32
+#define RL_TARGET_SPEC_LEN	1024
+#define RL_SECRET_LEN		256
+
+typedef enum RLSlotState
+{
+	SLOT_FREE,
+	SLOT_RESERVED,				/* acquire in flight: outcome not known yet */
+	SLOT_HELD,
+	SLOT_ORPHAN					/* the worker releases it: its owner exited
+								 * without releasing it, or handed it over as
+								 * a doubt (rl_registry_hand_off) */
+} RLSlotState;
+
+/*
+ * One held lock.  The lock's name is not stored apart: the Redis key is
+ * always key_prefix + name (rl_names_build), so the name is the key's tail
+ * from name_off on.  That keeps a slot at about 0.9 kB instead of 1.4 kB;
+ * shared memory is sized for max_locks of them (see settings.c).
+ */
+typedef struct RLSlot
+{
+	uint32		generation;		/* bumped at every allocation and free */
+	RLSlotState state;
+	int			target;			/* index into RLShared.targets */
+	uint16		name_off;		/* the name starts at key + name_off */
+	uint8		in_flight;		/* 0, or 1 + the lane whose worker has a
+								 * command for it under way */
+	bool		late_grant;		/* orphan: an acquire whose reply was lost may
+								 * still be run by Redis */
+	bool		check_now;		/* held: a keyspace notification said its
+								 * key is gone: renew it at once
+								 * (watchevents.c) */
+	TimestampTz horizon;		/* orphan: the key cannot outlive this, bar a
+								 * late grant (0: last renewal + lease) */
+	TimestampTz not_before;		/* orphan: the worker starts no release before
+								 * (its backend's own is owed a reply) */
+	Oid			roleid;			/* the role charged for it (rl_registry_add):
+								 * counted against its
+								 * redis_lock.max_locks_per_role until freed */
+	int64		renew_every_ms; /* renewal period when another client cuts
+								 * the lease short (0: lease/3) */
+	RLLockState st;
+	char		key[RL_MAX_KEY_LEN + 1];
+	char		owner[RL_OWNER_LEN + 1];
+	/* where a release publishes the key: release_channel less it ("": no) */
+	char		release_prefix[RL_MAX_PREFIX_LEN + 1];
+} RLSlot;
+
+StaticAssertDecl(RL_MAX_PREFIX_LEN <= PG_UINT16_MAX,
+				 "RLSlot.name_off must hold any key prefix length");
+
+/*
+ * The watchdog runs as two workers, one per lane: targets that answer in
+ * time are served by the first, those that failed or answered slowly last
+ * time by the second, so that waiting for the latter never holds up the
+ * former.  A target moves between lanes after each round (watchdog.c).
+ */
+typedef enum RLLane
+{
+	RL_LANE_PROMPT,
+	RL_LANE_SLOW,
+	RL_NUM_LANES
+} RLLane;
+
+/*
+ * Where and with which passwords the locks of some slots live.  An entry is
+ * in use while slots point at it (refs > 0); the worker connects with the
+ * passwords the acquiring backend used, wherever it set them.  The rest is
+ * the workers' (under the registry lock): the lane that serves it, and its
+ * failure log, shared so that a target moving lanes is logged once.
+ */
+typedef struct RLSharedTarget
+{
+	int			refs;
+	char		spec[RL_TARGET_SPEC_LEN];
+	char		password[RL_SECRET_LEN];
+	char		sentinel_password[RL_SECRET_LEN];
+	RLLane		lane;
+	bool		failing;		/* its last attempts failed (and were logged) */
+	TimestampTz logged_at;		/* when that was last logged */
+	int			unlogged;		/* failures since that line */
+} RLSharedTarget;
+
+typedef struct RLShared
+{
+	LWLock	   *lock;
+	Latch	   *worker_latch[RL_NUM_LANES];
+	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
+	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
+	pg_atomic_uint64 worker_wakes_at[RL_NUM_LANES]; /* TimestampTz each lane's
+													 * worker sleeps until */
+	RLSharedTarget targets[RL_MAX_TARGETS];
+	int			nslots;
+	int			nfree;
+	RLSlot		slots[FLEXIBLE_ARRAY_MEMBER];
+	/* followed by int freelist[nslots] */
+} RLShared;
+
+/* The registry in shared memory; NULL without preloading */
+extern RLShared *rl_shared;
+
+/*
+ * The lane whose worker serves target st now: a slow-lane target goes to the
+ * prompt lane's worker (with the full timeouts) while the slow lane has no
+ * worker: not started yet, restarting, or no background worker slot left
+ * for it (max_worker_processes).  Caller holds the registry lock.
+ */
+static inline RLLane
+rl_serving_lane(const RLSharedTarget *st)
+{
+	if (st->lane == RL_LANE_SLOW && rl_shared->worker_latch[RL_LANE_SLOW] != NULL)
+		return RL_LANE_SLOW;
+	return RL_LANE_PROMPT;
+}
+
+extern void rl_registry_init(void);
+extern void rl_slot_free(int idx);
+
+/* watchevents.c: the worker's keyspace watch of the locks it renews */
+extern void rl_watch_events_sync(RLLane lane);
+extern void rl_watch_events_wait(long sleep_ms);
+
+#endif							/* RL_REGISTRY_INT_H */
