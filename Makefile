@@ -29,12 +29,12 @@ OBJS = \
 	src/redis/scriptfree.o src/redis/replies.o \
 	src/net/topology.o src/net/transport.o src/net/connection.o \
 	src/net/owed.o src/net/pubsub.o src/net/stream.o src/net/resolve.o \
-	src/common/settings.o src/common/stats.o
+	src/base/settings.o src/base/stats.o
 DATA = $(wildcard sql/redis_lock--*.sql)
 PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 
 SHLIB_LINK += -lhiredis -lssl -lcrypto -lcares
-PG_CPPFLAGS += -I$(srcdir)/src $(foreach d,common net redis worker wait lock interface,-I$(srcdir)/src/$(d))
+PG_CPPFLAGS += -I$(srcdir)/src
 # another hiredis than the system's (scripts/matrix compiles against 1.2)
 ifdef RL_HIREDIS
 PG_CPPFLAGS += -I$(RL_HIREDIS)/include

@@ -16,7 +16,7 @@
  * IDENTIFICATION
  *	  fuzz/fuzz_target_spec.c
  */
-#include "../src/common/settings.c"
+#include "../src/base/settings.c"
 #include "../src/net/topology.c"
 
 /* the hooks of redis_lock.nodes and redis_lock.sentinels */

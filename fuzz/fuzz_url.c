@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: rl_parse_url (src/common/settings.c) on arbitrary bytes, and
+ * libFuzzer target: rl_parse_url (src/base/settings.c) on arbitrary bytes, and
  * the redis_lock.url check hook built on it.  Besides the sanitizers, every
  * accepted URL must give a well-formed endpoint; anything else aborts.
  *
@@ -8,7 +8,7 @@
  * IDENTIFICATION
  *	  fuzz/fuzz_url.c
  */
-#include "../src/common/settings.c"
+#include "../src/base/settings.c"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: the URL-list hooks of redis_lock.nodes / .sentinels
- * (check_nodes / check_sentinels, or check_url_list, src/common/settings.c) on arbitrary comma/space separated text,
+ * (check_nodes / check_sentinels, or check_url_list, src/base/settings.c) on arbitrary comma/space separated text,
  * and parse_list (src/net/topology.c), which trusts that the hook accepted the
  * list.  A list the hook accepts must parse into exactly the endpoints
  * rl_parse_url gives for each element, and a list of Redlock masters no
@@ -13,7 +13,7 @@
  * IDENTIFICATION
  *	  fuzz/fuzz_url_list.c
  */
-#include "../src/common/settings.c"
+#include "../src/base/settings.c"
 #include "../src/net/topology.c"
 
 /* the hooks of redis_lock.nodes and redis_lock.sentinels */

@@ -1,5 +1,5 @@
 /*
- * Link-time stand-ins for the PostgreSQL backend symbols that src/common/settings.c
+ * Link-time stand-ins for the PostgreSQL backend symbols that src/base/settings.c
  * and src/net/topology.c use, so their parsers can run in a libFuzzer binary
  * without a server.  Memory goes to malloc (AddressSanitizer watches it);
  * elog/ereport(ERROR) long-jumps to the innermost PG_TRY like the real
@@ -24,8 +24,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "resolve.h"
-#include "topology.h"
+#include "net/net.h"
 
 /* port.h maps the printf family to PostgreSQL's own (libpgport): use libc's */
 #undef vsnprintf

@@ -39,6 +39,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 
+
 PG_FUNCTION_INFO_V1(redis_lock_fence_guard);
 
 /*

@@ -18,10 +18,9 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "functions_int.h"
+#include "postgres.h"
 
 #include <math.h>
-
 #include <hiredis/hiredis.h>
 
 #include "access/htup_details.h"
@@ -37,6 +36,8 @@
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/tuplestore.h"
+
+#include "interface/interface.h"
 
 PG_FUNCTION_INFO_V1(redis_lock_acquire);
 PG_FUNCTION_INFO_V1(redis_lock_try_acquire);

@@ -15,13 +15,15 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable.h"
+#include "postgres.h"
 
 #include "executor/executor.h"
 #include "fmgr.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 #include "utils/elog.h"
+
+#include "lock/lock.h"
 
 #ifdef PG_MODULE_MAGIC_EXT
 PG_MODULE_MAGIC_EXT(.name = "redis_lock",.version = RL_VERSION);

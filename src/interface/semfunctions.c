@@ -20,7 +20,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "functions_int.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
 
@@ -30,6 +30,8 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+
+#include "interface/interface.h"
 
 PG_FUNCTION_INFO_V1(redis_semaphore_acquire);
 PG_FUNCTION_INFO_V1(redis_semaphore_try_acquire);

@@ -21,10 +21,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
+
+#include "lock/lock_int.h"
+
 #if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
 #endif
@@ -797,7 +800,7 @@ rl_acquire_permits(const char *name, int permits, int max_permits,
 
 /* ----------------------------------------------------------------
  * Several locks at once: the interface lockmany.c acquires through
- * (locktable.h)
+ * (lock.h)
  * ----------------------------------------------------------------
  */
 

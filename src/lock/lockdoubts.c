@@ -23,11 +23,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "utils/memutils.h"
+
+#include "lock/lock_int.h"
 
 /*
  * A release sent without waiting for its answer (after COMMIT or ABORT, at

@@ -22,11 +22,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable_int.h"
+#include "postgres.h"
 
 #include "access/xact.h"
 #include "miscadmin.h"
 #include "utils/elog.h"
+
+#include "lock/lock_int.h"
 
 /* The cause of a loss, for the error's detail */
 static const char *

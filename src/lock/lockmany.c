@@ -14,7 +14,7 @@
  *	  where one wins, instead of each taking a part again and again.
  *
  *	  Each name is an entry of locktable.c's table, kept through the small
- *	  interface of locktable.h (rl_many_*): reentrancy, holds, scopes,
+ *	  interface of lock.h (rl_many_*): reentrancy, holds, scopes,
  *	  watchdog slots and doubts are exactly those of a single acquire, one
  *	  entry per name.  An attempt cut short (cancel, timeout, lost
  *	  connection) leaves each key it may have granted as a doubt of that
@@ -37,10 +37,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "lockmany.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
+
+#include "lock/lock.h"
+
 #if PG_VERSION_NUM >= 150000
 #include "common/pg_prng.h"
 #endif

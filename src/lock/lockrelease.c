@@ -17,10 +17,12 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
+
+#include "lock/lock_int.h"
 
 /* ----------------------------------------------------------------
  * Release / extend

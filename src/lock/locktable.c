@@ -5,7 +5,7 @@
  *	  of a name), their holds, their slots in the shared registry, the
  *	  operations on an entry's node(s) with their error reports, and the
  *	  release of entries whose answer is waited for (rl_lt_release_soft).  The
- *	  files above it change the table through locktable_int.h: acquiring
+ *	  files above it change the table through lock_int.h: acquiring
  *	  (lockacquire.c), releasing and extending (lockrelease.c), doubts and
  *	  releases on their way (lockdoubts.c), the transaction and exit
  *	  callbacks (lockxact.c).  It registers those callbacks with PostgreSQL
@@ -38,13 +38,15 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable_int.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
 
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "utils/memutils.h"
+
+#include "lock/lock_int.h"
 
 HTAB	   *rl_lt_held = NULL;
 int			rl_lt_ndoubts = 0;	/* entries with zero holds, not handed */

@@ -19,11 +19,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "locktable_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "utils/memutils.h"
+
+#include "lock/lock_int.h"
 
 /* Bound of the release round trip at backend exit */
 #define RL_EXIT_TIMEOUT_MS	500

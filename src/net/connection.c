@@ -27,12 +27,11 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "transport_int.h"
+#include "postgres.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <sys/socket.h>
-
 #include <hiredis/hiredis.h>
 
 #include "miscadmin.h"
@@ -40,6 +39,8 @@
 #include "storage/fd.h"
 #include "storage/ipc.h"
 #include "utils/memutils.h"
+
+#include "net/net_int.h"
 
 RLConn	   *rl_conn_list = NULL;
 

@@ -16,13 +16,15 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "transport_int.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
 
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "utils/memutils.h"
+
+#include "net/net_int.h"
 
 /* ----------------------------------------------------------------
  * Calls sent without waiting for their replies.  rl_send writes the

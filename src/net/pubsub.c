@@ -16,13 +16,15 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "transport_int.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
 
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "utils/memutils.h"
+
+#include "net/net_int.h"
 
 /* ----------------------------------------------------------------
  * Pub/sub.  A subscriber connection carries only (S)SUBSCRIBE,

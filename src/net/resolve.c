@@ -19,7 +19,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "resolve.h"
+#include "postgres.h"
 
 #include <arpa/inet.h>
 #include <ares.h>
@@ -28,6 +28,8 @@
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
+
+#include "net/net.h"
 
 /* The most resolver sockets waited for at once (one per name server and
  * protocol in use); more are left to c-ares's own timeouts */

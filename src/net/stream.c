@@ -26,7 +26,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "stream.h"
+#include "postgres.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -36,7 +36,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <arpa/inet.h>
-
 #include <hiredis/hiredis.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -46,6 +45,8 @@
 #include "storage/fd.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
+
+#include "net/net.h"
 
 /*
  * The most one reply may hold.  hiredis keeps a reply whole until its last

@@ -20,13 +20,15 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "topology.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
 
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
+
+#include "net/net.h"
 
 static RLTarget *targets = NULL;
 static RLTarget *current = NULL;

@@ -24,12 +24,11 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "transport_int.h"
+#include "postgres.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <sys/socket.h>
-
 #include <hiredis/hiredis.h>
 
 #include "miscadmin.h"
@@ -37,6 +36,8 @@
 #include "storage/fd.h"
 #include "storage/ipc.h"
 #include "utils/memutils.h"
+
+#include "net/net_int.h"
 
 /* Commands every handshake asks about (rl_probe_commands); 0: none */
 static const char *const *probe_names = NULL;

@@ -26,11 +26,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "lockop.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
 
 #include "utils/memutils.h"
+
+#include "redis/redis.h"
 
 /* ----------------------------------------------------------------
  * Operations over a target's nodes

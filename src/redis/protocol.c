@@ -7,7 +7,7 @@
  *	  the owner forms of every client's locks (what
  *	  redis_lock_status takes for a lock), the pub/sub commands, and the
  *	  arguments every form of an operation shares.  The bottom of the wire layouts: scripts.c,
- *	  scriptfree.c and replies.c build on it (protocol_int.h).
+ *	  scriptfree.c and replies.c build on it (redis_int.h).
  *
  *	  Must not: build or send commands (scripts.c and scriptfree.c build
  *	  them, transport.c sends them), decode replies (replies.c), keep state
@@ -20,10 +20,12 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "protocol_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "utils/memutils.h"
+
+#include "redis/redis_int.h"
 
 /* for each cluster slot, a short tag whose slot it is (fence counters) */
 static char (*slot_tags)[6] = NULL;

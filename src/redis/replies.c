@@ -21,9 +21,11 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "protocol_int.h"
+#include "postgres.h"
 
 #include <hiredis/hiredis.h>
+
+#include "redis/redis_int.h"
 
 /* ----------------------------------------------------------------
  * The shapes each operation accepts (rl_reply_fits), from the scripts'

@@ -15,9 +15,11 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "protocol_int.h"
+#include "postgres.h"
 
 #include "utils/timestamp.h"
+
+#include "redis/redis_int.h"
 
 /* ----------------------------------------------------------------
  * The simple layout without Lua (redis_lock.scripting off).

@@ -36,11 +36,13 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "protocol_int.h"
+#include "postgres.h"
 
 #include <openssl/evp.h>
 
 #include "utils/resowner.h"
+
+#include "redis/redis_int.h"
 
 /*
  * simple, acquire.  KEYS: lock, fence counter.  ARGV: token, lease ms,

@@ -42,7 +42,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "deadlock.h"
+#include "postgres.h"
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
@@ -63,6 +63,8 @@
 #include "utils/fmgrprotos.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+
+#include "wait/wait.h"
 
 /* Checks of one wait after the first are at least this far apart */
 #define RL_DEADLOCK_MIN_RECHECK_MS	10
@@ -1238,7 +1240,7 @@ done:
  * after the wait began, then every deadlock_timeout).  O(1) when none is
  * due.  Returns true when the check found a cycle: *holds (*nholds of them)
  * are its holds, for the caller to ask Redis about before it calls
- * rl_deadlock_confirm (deadlock.h).
+ * rl_deadlock_confirm (wait.h).
  */
 bool
 rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds, int *nholds)

@@ -27,7 +27,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "waitqueue.h"
+#include "postgres.h"
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
@@ -39,6 +39,8 @@
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
+
+#include "wait/wait.h"
 
 /* Longest nap between looks at one's own seat: a safety net, not the signal */
 #define RL_QUEUE_NAP_MS		1000

@@ -22,7 +22,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "registry_int.h"
+#include "postgres.h"
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
@@ -32,6 +32,8 @@
 #include "storage/shmem.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+
+#include "worker/worker_int.h"
 
 RLShared   *rl_shared = NULL;
 static int *freelist = NULL;

@@ -27,7 +27,7 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "registry_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -41,6 +41,8 @@
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/ps_status.h"
+
+#include "worker/worker_int.h"
 
 PGDLLEXPORT void rl_watchdog_main(Datum arg);
 

@@ -27,12 +27,14 @@
  *
  *-------------------------------------------------------------------------
  */
-#include "registry_int.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
-#include "topology.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+
+#include "net/net.h"
+#include "worker/worker_int.h"
 
 /*
  * Keys a worker subscribes to at most; the locks beyond are checked only by

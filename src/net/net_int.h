@@ -1,26 +1,31 @@
 /*-------------------------------------------------------------------------
  *
- * transport_int.h
- *	  What the files of the transport share among themselves: a connection
- *	  (struct RLConn) and the replies it owes, latch waits on sockets, and
- *	  the helpers of connection.c and owed.c the others call.  Only
- *	  connection.c, owed.c, transport.c and pubsub.c include this; the rest
- *	  of the extension uses transport.h.
+ * net_int.h
+ *	  What the files of net/ share, and no other subsystem sees
+ *	  (its public header is net/net.h).
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/net/transport_int.h
+ *	  src/net/net_int.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_TRANSPORT_INT_H
-#define RL_TRANSPORT_INT_H
+#ifndef RL_NET_INT_H
+#define RL_NET_INT_H
 
-#include "transport.h"
-
+#include "net/net.h"
 #include "storage/latch.h"
 
+/* ----------------------------------------------------------------
+ * From transport_int:
+ *	  What the files of the transport share among themselves: a connection
+ *	  (struct RLConn) and the replies it owes, latch waits on sockets, and
+ *	  the helpers of connection.c and owed.c the others call.  Only
+ *	  connection.c, owed.c, transport.c and pubsub.c include this; the rest
+ *	  of the extension uses net.h.
+ * ----------------------------------------------------------------
+ */
 /* Most sockets one latch wait watches */
 #define RL_WES_MAXSOCK	64
 
@@ -88,4 +93,4 @@ extern bool rl_owed_drain(RLConn *conn, RLFailure *failure, char **reason);
 extern void rl_poll_conn(RLConn *conn, TimestampTz now);
 extern void rl_finish_owed(RLConn *conn, bool every);
 
-#endif							/* RL_TRANSPORT_INT_H */
+#endif							/* RL_NET_INT_H */

@@ -12,19 +12,22 @@
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/common/stats.c
+ *	  src/base/stats.c
  *
  *-------------------------------------------------------------------------
  */
-#include "stats.h"
+#include "postgres.h"
 
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+
+#include "base/base.h"
+
 #if PG_VERSION_NUM >= 140000
-#include "utils/wait_event.h"	/* before 14: in pgstat.h (common.h) */
+#include "utils/wait_event.h"	/* before 14: in pgstat.h (base.h) */
 #endif
 
 typedef struct RLSharedStats

@@ -14,11 +14,11 @@
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/common/settings.c
+ *	  src/base/settings.c
  *
  *-------------------------------------------------------------------------
  */
-#include "settings.h"
+#include "postgres.h"
 
 #include <ctype.h>
 #include <fcntl.h>
@@ -29,6 +29,8 @@
 #include "miscadmin.h"
 #include "storage/fd.h"
 #include "utils/guc.h"
+
+#include "base/base.h"
 
 char	   *rl_url = NULL;
 char	   *rl_password = NULL;

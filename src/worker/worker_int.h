@@ -1,27 +1,32 @@
 /*-------------------------------------------------------------------------
  *
- * registry_int.h
- *	  The layout of the shared registry, for registry.c, which owns it, and
- *	  the watchdog worker (watchdog.c), which renews and frees its slots,
- *	  and its keyspace watch (watchevents.c).  Nothing else includes this:
- *	  backends use the calls of watchdog.h.
+ * worker_int.h
+ *	  What the files of worker/ share, and no other subsystem sees
+ *	  (its public header is worker/worker.h).
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/worker/registry_int.h
+ *	  src/worker/worker_int.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_REGISTRY_INT_H
-#define RL_REGISTRY_INT_H
+#ifndef RL_WORKER_INT_H
+#define RL_WORKER_INT_H
 
-#include "watchdog.h"
-
+#include "worker/worker.h"
 #include "port/atomics.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 
+/* ----------------------------------------------------------------
+ * From registry_int:
+ *	  The layout of the shared registry, for registry.c, which owns it, and
+ *	  the watchdog worker (watchdog.c), which renews and frees its slots,
+ *	  and its keyspace watch (watchevents.c).  Nothing else includes this:
+ *	  backends use the calls of worker.h.
+ * ----------------------------------------------------------------
+ */
 #define RL_MAX_TARGETS		32
 #define RL_TARGET_SPEC_LEN	1024
 #define RL_SECRET_LEN		256
@@ -145,4 +150,4 @@ extern void rl_slot_free(int idx);
 extern void rl_watch_events_sync(RLLane lane);
 extern void rl_watch_events_wait(long sleep_ms);
 
-#endif							/* RL_REGISTRY_INT_H */
+#endif							/* RL_WORKER_INT_H */

@@ -1,28 +1,33 @@
 /*-------------------------------------------------------------------------
  *
- * locktable_int.h
+ * lock_int.h
+ *	  What the files of lock/ share, and no other subsystem sees
+ *	  (its public header is lock/lock.h).
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/lock/lock_int.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_LOCK_INT_H
+#define RL_LOCK_INT_H
+
+#include "lock/lock.h"
+#include "access/xact.h"
+#include "utils/hsearch.h"
+
+/* ----------------------------------------------------------------
+ * From locktable_int:
  *	  What the files of the lock table share among themselves: the table
  *	  and its counters, the entries' operations (locktable.c), doubts and
  *	  releases on their way (lockdoubts.c), dropping holds (lockrelease.c),
  *	  and the transaction callbacks locktable.c registers (lockxact.c).
  *	  Only locktable.c, lockdoubts.c, lockacquire.c, lockrelease.c and
- *	  lockxact.c include this; the rest of the extension uses locktable.h.
- *
- * Copyright (c) 2026, redis_lock developers
- *
- * IDENTIFICATION
- *	  src/lock/locktable_int.h
- *
- *-------------------------------------------------------------------------
+ *	  lockxact.c include this; the rest of the extension uses lock.h.
+ * ----------------------------------------------------------------
  */
-#ifndef RL_LOCKTABLE_INT_H
-#define RL_LOCKTABLE_INT_H
-
-#include "locktable.h"
-
-#include "access/xact.h"
-#include "utils/hsearch.h"
-
 extern void redis_lock_locktable_xact_callback(XactEvent event, void *arg);
 extern void redis_lock_locktable_subxact_callback(SubXactEvent event,
 												  SubTransactionId mySubid,
@@ -109,4 +114,4 @@ extern void rl_lt_drop_holds(RLHeld *e, RLScope scope, int k, RLHeld **out,
 							 int *nout);
 extern int	rl_lt_drop_scope(RLScope scope, RLHeld ***out, int *nout);
 
-#endif							/* RL_LOCKTABLE_INT_H */
+#endif							/* RL_LOCK_INT_H */

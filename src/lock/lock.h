@@ -1,21 +1,33 @@
 /*-------------------------------------------------------------------------
  *
- * locktable.h
- *	  This backend's table of Redis locks (locktable.c, lockacquire.c,
- *	  lockrelease.c, lockdoubts.c, lockxact.c).
+ * lock.h
+ *	  The lock subsystem: the per-backend table of held locks and their
+ *	  holds (locktable.c), acquire (lockacquire.c, lockmany.c), release and
+ *	  extend (lockrelease.c), transactions (lockxact.c), doubts and releases
+ *	  sent without waiting (lockdoubts.c), and losses (locklost.c).
+ *
+ *	  Owns: RLHeld entries and every change of their state.  Must not: define
+ *	  SQL functions or parse their arguments.
+ *	  Calls wait/, worker/, redis/, net/ and common/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/lock/locktable.h
+ *	  src/lock/lock.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_LOCKTABLE_H
-#define RL_LOCKTABLE_H
+#ifndef RL_LOCK_H
+#define RL_LOCK_H
 
-#include "deadlock.h"
+#include "wait/wait.h"
 
+/* ----------------------------------------------------------------
+ * From locktable:
+ *	  This backend's table of Redis locks (locktable.c, lockacquire.c,
+ *	  lockrelease.c, lockdoubts.c, lockxact.c).
+ * ----------------------------------------------------------------
+ */
 typedef enum RLScope
 {
 	RL_SCOPE_SESSION,
@@ -139,4 +151,13 @@ extern void rl_many_subscribed(RLConn **subs, int n);
 extern void rl_many_unsubscribed(void);
 extern void rl_many_check_deadlock(TimestampTz now);
 
-#endif							/* RL_LOCKTABLE_H */
+/* ----------------------------------------------------------------
+ * From lockmany:
+ *	  Several Redis locks taken at once, all or nothing (lockmany.c).
+ * ----------------------------------------------------------------
+ */
+extern int64 *rl_acquire_many(const char *const *names, int n, int64 ttl_ms,
+							  int64 wait_ms, RLScope scope, bool *obtained,
+							  int *busy);
+
+#endif							/* RL_LOCK_H */

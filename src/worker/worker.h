@@ -1,21 +1,33 @@
 /*-------------------------------------------------------------------------
  *
- * watchdog.h
- *	  The shared registry of every backend's locks and the worker that
- *	  renews and cleans them up (registry.c, watchdog.c).
+ * worker.h
+ *	  The worker subsystem: the shared-memory registry of every backend's
+ *	  locks (registry.c), the background worker that renews them and cleans
+ *	  up what exited backends left (watchdog.c), and its keyspace-event
+ *	  subscriptions (watchevents.c).
+ *
+ *	  Owns: the registry and the worker process.  Must not: know a backend's
+ *	  lock table; a backend reaches the registry only through these calls.
+ *	  Calls redis/, net/ and common/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/worker/watchdog.h
+ *	  src/worker/worker.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_WATCHDOG_H
-#define RL_WATCHDOG_H
+#ifndef RL_WORKER_H
+#define RL_WORKER_H
 
-#include "lockop.h"
+#include "redis/redis.h"
 
+/* ----------------------------------------------------------------
+ * From watchdog:
+ *	  The shared registry of every backend's locks and the worker that
+ *	  renews and cleans them up (registry.c, watchdog.c).
+ * ----------------------------------------------------------------
+ */
 /* What the shared registry records of one lock, and the view shows */
 typedef struct RLLockState
 {
@@ -112,4 +124,4 @@ extern int	rl_registry_holders(const uint64 *ids, int nids, const int *pids,
 								int npids, RLRegistryHold *out, int cap);
 extern char *rl_registry_hold_target(const RLRegistryHold *hold);
 
-#endif							/* RL_WATCHDOG_H */
+#endif							/* RL_WORKER_H */

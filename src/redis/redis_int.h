@@ -1,23 +1,29 @@
 /*-------------------------------------------------------------------------
  *
- * protocol_int.h
- *	  What the files of the wire layouts share among themselves: protocol.c
- *	  (names, tokens), scripts.c, scriptfree.c and replies.c.  Nothing
- *	  outside them includes this; the rest of the extension uses
- *	  protocol.h.
+ * redis_int.h
+ *	  What the files of redis/ share, and no other subsystem sees
+ *	  (its public header is redis/redis.h).
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/redis/protocol_int.h
+ *	  src/redis/redis_int.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_PROTOCOL_INT_H
-#define RL_PROTOCOL_INT_H
+#ifndef RL_REDIS_INT_H
+#define RL_REDIS_INT_H
 
-#include "protocol.h"
+#include "redis/redis.h"
 
+/* ----------------------------------------------------------------
+ * From protocol_int:
+ *	  What the files of the wire layouts share among themselves: protocol.c
+ *	  (names, tokens), scripts.c, scriptfree.c and replies.c.  Nothing
+ *	  outside them includes this; the rest of the extension uses
+ *	  redis.h.
+ * ----------------------------------------------------------------
+ */
 /* Prefix of our simple-protocol tokens: lets waiters tell that the holder
  * publishes on release (foreign clients such as redis-py do not). */
 #define RL_TOKEN_MARKER "pgrl:"
@@ -46,4 +52,4 @@ extern char *rl_name_counter_key(const RLLockNames *n);
 extern int	rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind,
 						 const RLLockNames *n, int64 lease_ms, bool fence);
 
-#endif							/* RL_PROTOCOL_INT_H */
+#endif							/* RL_REDIS_INT_H */

@@ -1,21 +1,115 @@
 /*-------------------------------------------------------------------------
  *
- * transport.h
- *	  Connections to Redis servers, round trips and pub/sub (connection.c,
- *	  transport.c, owed.c, pubsub.c).
+ * net.h
+ *	  The network subsystem: host names to addresses (resolve.c), the
+ *	  bytes of one connection with TLS and the RESP codec (stream.c), the
+ *	  connection cache and latch waits (connection.c), pipelined round trips
+ *	  (transport.c), calls sent without waiting (owed.c), subscriber
+ *	  connections (pubsub.c), and where a key lives (topology.c).
+ *
+ *	  Owns: sockets, TLS sessions, hiredis readers and replies, the
+ *	  connection cache.  Must not: know what a lock is, read a reply's
+ *	  meaning (redis/ does, through rl_reply_fits), or touch shared memory.
+ *	  Calls only common/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/net/transport.h
+ *	  src/net/net.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_TRANSPORT_H
-#define RL_TRANSPORT_H
+#ifndef RL_NET_H
+#define RL_NET_H
 
-#include "stream.h"
+#include "base/base.h"
+#include <sys/socket.h>
 
+/* ----------------------------------------------------------------
+ * From resolve:
+ *	  Host names to addresses, waited for on the latch (resolve.c).
+ * ----------------------------------------------------------------
+ */
+/* One address to connect to */
+typedef struct RLAddr
+{
+	int			family;
+	socklen_t	len;
+	struct sockaddr_storage sa;
+} RLAddr;
+
+/* One name to resolve (rl_resolve_all), and what came of it */
+typedef struct RLResolution
+{
+	const char *host;
+	int			port;
+	RLAddr	   *addrs;			/* IPv4 first, then IPv6; palloc'd */
+	int			naddrs;			/* 0: not resolved, why says why */
+	char	   *why;
+	int64		took_ms;		/* how long its answer took (0: numeric) */
+} RLResolution;
+
+extern void rl_resolve_all(RLResolution *names, int n, TimestampTz deadline);
+
+/* ----------------------------------------------------------------
+ * From stream:
+ *	  One non-blocking byte stream to one Redis server, plain TCP or TLS,
+ *	  with hiredis as its RESP codec (stream.c).
+ * ----------------------------------------------------------------
+ */
+typedef struct RLStream RLStream;
+
+/* How a stream operation ended */
+typedef enum RLStreamStatus
+{
+	RL_STREAM_DONE,				/* finished */
+	RL_STREAM_WAIT,				/* wait for rl_stream_events(), then call again */
+	RL_STREAM_FAILED			/* *reason says why; close the stream */
+} RLStreamStatus;
+
+/* What a failure was, for the caller's message */
+typedef enum RLStreamFailure
+{
+	RL_STREAM_FAIL_CONNECT,		/* TCP */
+	RL_STREAM_FAIL_TLS,			/* handshake or certificate */
+	RL_STREAM_FAIL_IO,			/* read or write after connecting */
+	RL_STREAM_FAIL_EOF,			/* the server closed the connection */
+	RL_STREAM_FAIL_PARSE,		/* not RESP */
+	RL_STREAM_FAIL_TOO_LARGE,	/* a reply past the limits of stream.c */
+	RL_STREAM_FAIL_LOCAL		/* out of file descriptors or memory here */
+} RLStreamFailure;
+
+extern RLStream *rl_stream_open(const RLEndpoint *ep,
+								const RLResolution *resolved,
+								RLStreamFailure *failure, char **reason);
+extern bool rl_stream_next_address(RLStream *s);
+extern int	rl_stream_addresses_left(const RLStream *s);
+extern RLStreamStatus rl_stream_connect(RLStream *s, RLStreamFailure *failure,
+										char **reason);
+extern void rl_stream_close(RLStream *s);
+extern pgsocket rl_stream_socket(const RLStream *s);
+extern uint32 rl_stream_events(const RLStream *s);
+extern bool rl_stream_is_tls(const RLStream *s);
+extern bool rl_stream_in_handshake(const RLStream *s);
+
+extern void rl_stream_append(RLStream *s, int argc, const char **argv,
+							 const size_t *argvlen);
+extern bool rl_stream_has_unsent(const RLStream *s);
+extern RLStreamStatus rl_stream_write(RLStream *s, bool *progress,
+									  RLStreamFailure *failure, char **reason);
+extern RLStreamStatus rl_stream_read(RLStream *s, RLStreamFailure *failure,
+									 char **reason);
+extern bool rl_stream_next_reply(RLStream *s, void **reply,
+								 RLStreamFailure *failure, char **reason);
+extern bool rl_stream_has_unasked(RLStream *s);
+extern bool rl_stream_has_partial_reply(const RLStream *s);
+
+/* ----------------------------------------------------------------
+ * From transport:
+ *	  Connections to Redis servers, round trips and pub/sub (connection.c,
+ *	  transport.c, owed.c, pubsub.c).
+ * ----------------------------------------------------------------
+ */
 /* A Redis reply, copied out of hiredis into palloc'd memory */
 typedef struct RLReply
 {
@@ -29,7 +123,7 @@ typedef struct RLReply
 
 typedef struct RLConn RLConn;
 
-/* Defined by topology.h; a call only carries it for the layer above */
+/* Defined below (topology); a call only carries it for the layer above */
 typedef struct RLTarget RLTarget;
 
 #define RL_MAX_ARGS 16
@@ -195,4 +289,60 @@ extern void rl_probe_commands(const char *const *names, int n);
 extern void rl_call_probe(RLCall *call, RLConn *conn);
 extern int	rl_conn_commands(RLConn *conn, const char **refusal);
 
-#endif							/* RL_TRANSPORT_H */
+/* ----------------------------------------------------------------
+ * From topology:
+ *	  Where a key lives: targets, their nodes and slot maps (topology.c).
+ * ----------------------------------------------------------------
+ */
+typedef enum RLTopologyKind
+{
+	RL_TOPO_SINGLE,
+	RL_TOPO_REDLOCK,
+	RL_TOPO_SENTINEL,
+	RL_TOPO_CLUSTER
+} RLTopologyKind;
+
+/* Redis Cluster slot map of a target */
+typedef struct RLSlotMap
+{
+	int			nnodes;
+	int			capacity;
+	RLEndpoint *nodes;
+	int16		owner[16384];	/* index into nodes, -1 unknown */
+	bool		loaded;
+} RLSlotMap;
+
+/*
+ * Where locks live.  Built from a spec text (see rl_target_from_spec),
+ * cached for good; a held lock keeps pointing at the target it was taken on.
+ */
+struct RLTarget
+{
+	char	   *spec;			/* text it was built from */
+	RLTopologyKind kind;
+	int			nendpoints;
+	RLEndpoint *endpoints;		/* single/redlock: the masters; sentinel: the
+								 * sentinels; cluster: the seed */
+	char	   *master_name;	/* sentinel: monitored master's name */
+	RLEndpoint	data;			/* sentinel: user/db for the master */
+	RLEndpoint	master;			/* sentinel: last discovered master */
+	bool		master_known;
+	RLSlotMap  *slots;			/* cluster */
+	RLTarget   *next;
+};
+
+extern RLTarget *rl_current_target(void);
+extern RLTarget *rl_target_from_spec(const char *spec);
+extern int	rl_target_quorum(RLTarget *t);
+extern uint16 rl_key_slot(const char *key, size_t len);
+
+extern int	rl_target_nodes(RLTarget *t, const char *key, size_t keylen,
+							RLConn **conns, bool subscriber, char **error);
+extern int	rl_target_nodes_or_raise(RLTarget *t, const char *key, size_t keylen,
+									 RLConn **conns, bool subscriber);
+extern void rl_target_run(RLCall *calls, int ncalls, RLRunMode mode);
+extern int	rl_target_max_nodes(RLTarget *t);
+extern int	rl_target_timeout(RLTarget *t);
+extern bool rl_reply_goes_again(RLReply *r);
+
+#endif							/* RL_NET_H */

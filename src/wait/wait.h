@@ -1,21 +1,46 @@
 /*-------------------------------------------------------------------------
  *
- * deadlock.h
- *	  Deadlocks across Redis locks and PostgreSQL locks among the backends
- *	  of one server (deadlock.c).
+ * wait.h
+ *	  The waiting subsystem: server-local queues of backends waiting for
+ *	  the same lock (waitqueue.c) and deadlocks through Redis locks and
+ *	  PostgreSQL locks (deadlock.c).
+ *
+ *	  Owns: the wait queues and published waits in shared memory.  Must not:
+ *	  send to Redis itself (a confirmation is asked by the caller).
+ *	  Calls worker/ (the registry's holds) and common/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
  * IDENTIFICATION
- *	  src/wait/deadlock.h
+ *	  src/wait/wait.h
  *
  *-------------------------------------------------------------------------
  */
-#ifndef RL_DEADLOCK_H
-#define RL_DEADLOCK_H
+#ifndef RL_WAIT_H
+#define RL_WAIT_H
 
-#include "waitqueue.h"
+#include "worker/worker.h"
 
+/* ----------------------------------------------------------------
+ * From waitqueue:
+ *	  Server-local queues of the backends waiting for the same Redis lock
+ *	  (waitqueue.c): one of them contends in Redis, the others sleep.
+ * ----------------------------------------------------------------
+ */
+extern void rl_waitq_init(void);
+extern uint64 rl_waitq_id(const char *target_spec, const char *key);
+extern bool rl_waitq_any(void);
+extern bool rl_waitq_has_waiters(uint64 lock_id);
+extern bool rl_waitq_join(uint64 lock_id);
+extern bool rl_waitq_wait_turn(TimestampTz deadline);
+extern void rl_waitq_leave(void);
+
+/* ----------------------------------------------------------------
+ * From deadlock:
+ *	  Deadlocks across Redis locks and PostgreSQL locks among the backends
+ *	  of one server (deadlock.c).
+ * ----------------------------------------------------------------
+ */
 /*
  * Keys a published wait keeps in its record in shared memory; a wait for
  * more (a multi-key acquire) puts all of them in a dynamic shared memory
@@ -72,4 +97,4 @@ extern bool rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds,
 extern void rl_deadlock_confirm(void);
 extern void rl_deadlock_wait_end(void);
 
-#endif							/* RL_DEADLOCK_H */
+#endif							/* RL_WAIT_H */

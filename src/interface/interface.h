@@ -1,0 +1,44 @@
+/*-------------------------------------------------------------------------
+ *
+ * interface.h
+ *	  The SQL interface: the module's entry point and hooks (module.c),
+ *	  the SQL-callable functions (functions.c, semfunctions.c) and the fence
+ *	  guard trigger (fenceguard.c).  What the files of this folder share;
+ *	  no other subsystem includes it.
+ *
+ *	  Owns: argument checks and result shaping.  Must not: keep lock state
+ *	  (lock/ does) or talk to Redis except through lock/.
+ *
+ * Copyright (c) 2026, redis_lock developers
+ *
+ * IDENTIFICATION
+ *	  src/interface/interface.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef RL_INTERFACE_H
+#define RL_INTERFACE_H
+
+#include "lock/lock.h"
+#include "fmgr.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+/* ----------------------------------------------------------------
+ * From functions_int:
+ *	  What the files of SQL-callable functions share: argument checks and
+ *	  result helpers (functions.c), used by the lock functions there and
+ *	  the semaphore functions (semfunctions.c).  Nothing else includes it.
+ * ----------------------------------------------------------------
+ */
+extern char *rl_fn_arg_name(FunctionCallInfo fcinfo, int argno);
+extern char *rl_fn_arg_semaphore_name(FunctionCallInfo fcinfo, int argno);
+extern int64 rl_fn_arg_interval_ms(FunctionCallInfo fcinfo, int argno,
+								   const char *what, bool zero_ok);
+extern bool rl_fn_arg_bool(FunctionCallInfo fcinfo, int argno, const char *what);
+extern Interval *rl_fn_ms_to_interval(int64 ms);
+extern void rl_fn_materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts,
+							  TupleDesc *td);
+extern void rl_fn_check_scope(bool xact);
+
+#endif							/* RL_INTERFACE_H */
