@@ -27,7 +27,7 @@ def test_one_version_everywhere():
     assert meta["version"] == meta["provides"]["redis_lock"]["version"] == control + ".0" == deb
     assert meta["provides"]["redis_lock"]["file"] == "sql/redis_lock--%s.sql" % control
     # what PostgreSQL 18's pg_get_loaded_modules() reports (PG_MODULE_MAGIC_EXT)
-    assert re.search(r'#define RL_VERSION\s+"([\d.]+)"', read("src/common/common.h")).group(1) == control
+    assert re.search(r'#define RL_VERSION\s+"([\d.]+)"', read("src/base/base.h")).group(1) == control
 
 
 def test_one_license_everywhere():
