@@ -277,4 +277,60 @@ extern char *rl_format_ms(int64 ms);
 extern int	rl_session_lock_limit(void);
 extern int	rl_role_lock_limit(void);
 
+/* ----------------------------------------------------------------
+ * What the subsystems above pass through one another: the handles they
+ * hand on by pointer (each defined in its own subsystem's header, as
+ * "struct X"), and the two small types they share by value.  A header
+ * that needs no more than these includes base.h alone.
+ * ----------------------------------------------------------------
+ */
+typedef struct RLStream RLStream;	/* net.h: the bytes of one connection */
+typedef struct RLConn RLConn;	/* net.h: a cached connection */
+typedef struct RLReply RLReply; /* net.h: a copied reply */
+typedef struct RLCall RLCall;	/* net.h: one command and its outcome */
+typedef struct RLTarget RLTarget;	/* net.h: where a lock lives */
+typedef struct RLLockOp RLLockOp;	/* redis.h: one lock operation */
+typedef struct RLManyOp RLManyOp;	/* redis.h: several locks at once */
+typedef struct RLHeld RLHeld;	/* lock.h: an entry of the lock table */
+
+/* What a round trip does with a transport failure */
+typedef enum RLRunMode
+{
+	RL_RUN_HARD,				/* the first one is an ERROR */
+	RL_RUN_SOFT					/* each is recorded in its RLCall */
+} RLRunMode;
+
+/* Names of everything one lock touches in Redis */
+typedef struct RLLockNames
+{
+	RLProtocol	protocol;
+	char	   *key;
+	size_t		keylen;
+	char	   *fence_key;
+	char	   *channel;
+	char	   *release_channel;	/* simple layout: where a release also
+									 * publishes the key (the
+									 * redis_lock.release_channel_prefix of
+									 * when it was built, then the key), or
+									 * NULL */
+	/* token or hash field of this grant, made by rl_mint_owner */
+	char		owner[RL_OWNER_LEN + 1];
+
+	/*
+	 * a read hold's: the owner value of the session's write hold of the lock
+	 * when the read was tried (its field lets the read in), or ""
+	 */
+	char		writer[RL_OWNER_LEN + 1];
+	bool		script_free;	/* simple layout without Lua scripts
+								 * (redis_lock.scripting off when built) */
+	int			permits;		/* semaphores: how many permits the holder
+								 * takes; their ids are named from owner */
+	int			max_permits;	/* redis_semaphore: the limit each client
+								 * passes (none is stored in Redis) */
+	bool		name_counter;	/* redisson layouts: fencing tokens also
+								 * count Redisson's per-name counter
+								 * (redis_lock.redisson_token_counter on
+								 * when built) */
+} RLLockNames;
+
 #endif							/* RL_BASE_H */

@@ -37,6 +37,10 @@
 #include "utils/resowner.h"
 #include "utils/tuplestore.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
+#include "worker/worker.h"
+#include "lock/lock.h"
 #include "interface/interface.h"
 
 PG_FUNCTION_INFO_V1(redis_lock_acquire);

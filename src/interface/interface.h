@@ -7,7 +7,8 @@
  *	  no other subsystem includes it.
  *
  *	  Owns: argument checks and result shaping.  Must not: keep lock state
- *	  (lock/ does) or talk to Redis except through lock/.
+ *	  (lock/ does), or reach Redis but through lock/ and redis/'s operations
+ *	  (the status functions inspect through rl_lock_ops_run).
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -19,7 +20,7 @@
 #ifndef RL_INTERFACE_H
 #define RL_INTERFACE_H
 
-#include "lock/lock.h"
+#include "base/base.h"
 #include "fmgr.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"

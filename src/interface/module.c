@@ -23,6 +23,9 @@
 #include "tcop/utility.h"
 #include "utils/elog.h"
 
+#include "redis/redis.h"
+#include "worker/worker.h"
+#include "wait/wait.h"
 #include "lock/lock.h"
 
 #ifdef PG_MODULE_MAGIC_EXT

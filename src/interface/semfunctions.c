@@ -31,6 +31,9 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
+#include "lock/lock.h"
 #include "interface/interface.h"
 
 PG_FUNCTION_INFO_V1(redis_semaphore_acquire);

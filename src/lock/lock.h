@@ -8,7 +8,7 @@
  *
  *	  Owns: RLHeld entries and every change of their state.  Must not: define
  *	  SQL functions or parse their arguments.
- *	  Calls wait/, worker/, redis/, net/ and common/.
+ *	  Calls wait/, worker/, redis/, net/ and base/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -20,7 +20,7 @@
 #ifndef RL_LOCK_H
 #define RL_LOCK_H
 
-#include "wait/wait.h"
+#include "base/base.h"
 
 /* ----------------------------------------------------------------
  * From locktable:
@@ -49,7 +49,7 @@ typedef enum RLLockMode
 } RLLockMode;
 
 /* One lock this backend holds (or may hold, when holds are zero) */
-typedef struct RLHeld
+struct RLHeld
 {
 	char		hkey[RL_MAX_NAME_LEN + 2];	/* hash key: mode letter + name */
 	char		name[RL_MAX_NAME_LEN + 1];
@@ -87,7 +87,7 @@ typedef struct RLHeld
 								 * answer is still to come (PendingRelease) */
 	uint64		serial;			/* tells this entry from a later one of the
 								 * same name */
-} RLHeld;
+};
 
 #define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)
 

@@ -26,6 +26,10 @@
 #include "miscadmin.h"
 #include "utils/memutils.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
+#include "worker/worker.h"
+#include "wait/wait.h"
 #include "lock/lock_int.h"
 
 #if PG_VERSION_NUM >= 150000

@@ -29,6 +29,9 @@
 #include "storage/ipc.h"
 #include "utils/memutils.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
+#include "worker/worker.h"
 #include "lock/lock_int.h"
 
 /*

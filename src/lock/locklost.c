@@ -28,6 +28,8 @@
 #include "miscadmin.h"
 #include "utils/elog.h"
 
+#include "redis/redis.h"
+#include "worker/worker.h"
 #include "lock/lock_int.h"
 
 /* The cause of a loss, for the error's detail */

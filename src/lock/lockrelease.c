@@ -22,6 +22,8 @@
 #include "miscadmin.h"
 #include "utils/memutils.h"
 
+#include "redis/redis.h"
+#include "worker/worker.h"
 #include "lock/lock_int.h"
 
 /* ----------------------------------------------------------------

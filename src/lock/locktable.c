@@ -46,6 +46,9 @@
 #include "storage/ipc.h"
 #include "utils/memutils.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
+#include "worker/worker.h"
 #include "lock/lock_int.h"
 
 HTAB	   *rl_lt_held = NULL;

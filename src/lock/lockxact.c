@@ -25,6 +25,10 @@
 #include "storage/ipc.h"
 #include "utils/memutils.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
+#include "worker/worker.h"
+#include "wait/wait.h"
 #include "lock/lock_int.h"
 
 /* Bound of the release round trip at backend exit */

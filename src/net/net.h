@@ -10,7 +10,7 @@
  *	  Owns: sockets, TLS sessions, hiredis readers and replies, the
  *	  connection cache.  Must not: know what a lock is, read a reply's
  *	  meaning (redis/ does, through rl_reply_fits), or touch shared memory.
- *	  Calls only common/.
+ *	  Calls only base/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -57,7 +57,6 @@ extern void rl_resolve_all(RLResolution *names, int n, TimestampTz deadline);
  *	  with hiredis as its RESP codec (stream.c).
  * ----------------------------------------------------------------
  */
-typedef struct RLStream RLStream;
 
 /* How a stream operation ended */
 typedef enum RLStreamStatus
@@ -111,7 +110,7 @@ extern bool rl_stream_has_partial_reply(const RLStream *s);
  * ----------------------------------------------------------------
  */
 /* A Redis reply, copied out of hiredis into palloc'd memory */
-typedef struct RLReply
+struct RLReply
 {
 	int			type;			/* REDIS_REPLY_* */
 	long long	integer;
@@ -119,12 +118,10 @@ typedef struct RLReply
 	size_t		len;
 	size_t		elements;
 	struct RLReply **element;
-} RLReply;
+};
 
-typedef struct RLConn RLConn;
 
 /* Defined below (topology); a call only carries it for the layer above */
-typedef struct RLTarget RLTarget;
 
 #define RL_MAX_ARGS 16
 
@@ -157,7 +154,7 @@ typedef enum RLFailure
  * One command for one connection.  Arguments are borrowed (not copied) until
  * the round trip ends.  After rl_run, exactly one of reply / error is set.
  */
-typedef struct RLCall
+struct RLCall
 {
 	RLConn	   *conn;
 	RLTarget   *target;			/* for redirections; NULL: none */
@@ -191,14 +188,8 @@ typedef struct RLCall
 								 * reply was lost: the reply is the second
 								 * send's, and the first may have run too */
 	bool		owed;			/* sent by rl_send, its reply not yet in */
-} RLCall;
+};
 
-/* What a round trip does with a transport failure */
-typedef enum RLRunMode
-{
-	RL_RUN_HARD,				/* the first one is an ERROR */
-	RL_RUN_SOFT					/* each is recorded in its RLCall */
-} RLRunMode;
 
 extern RLConn *rl_conn_for(const RLEndpoint *ep, bool subscriber);
 extern const char *rl_conn_label(RLConn *conn);

@@ -32,6 +32,7 @@
 
 #include "utils/memutils.h"
 
+#include "net/net.h"
 #include "redis/redis.h"
 
 /* ----------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "miscadmin.h"
 #include "utils/memutils.h"
 
+#include "net/net.h"
 #include "redis/redis_int.h"
 
 /* for each cluster slot, a short tag whose slot it is (fence counters) */

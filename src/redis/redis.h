@@ -9,7 +9,7 @@
  *
  *	  Owns: what is sent for each operation and how each reply is read.
  *	  Must not: keep any lock's state between calls, or touch shared memory.
- *	  Calls net/ and common/.
+ *	  Calls net/ and base/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -21,7 +21,7 @@
 #ifndef RL_REDIS_H
 #define RL_REDIS_H
 
-#include "net/net.h"
+#include "base/base.h"
 
 /* ----------------------------------------------------------------
  * From protocol:
@@ -62,38 +62,6 @@ typedef enum RLScriptId
 	RL_SCRIPT_COUNT
 } RLScriptId;
 
-/* Names of everything one lock touches in Redis */
-typedef struct RLLockNames
-{
-	RLProtocol	protocol;
-	char	   *key;
-	size_t		keylen;
-	char	   *fence_key;
-	char	   *channel;
-	char	   *release_channel;	/* simple layout: where a release also
-									 * publishes the key (the
-									 * redis_lock.release_channel_prefix of
-									 * when it was built, then the key), or
-									 * NULL */
-	/* token or hash field of this grant, made by rl_mint_owner */
-	char		owner[RL_OWNER_LEN + 1];
-
-	/*
-	 * a read hold's: the owner value of the session's write hold of the lock
-	 * when the read was tried (its field lets the read in), or ""
-	 */
-	char		writer[RL_OWNER_LEN + 1];
-	bool		script_free;	/* simple layout without Lua scripts
-								 * (redis_lock.scripting off when built) */
-	int			permits;		/* semaphores: how many permits the holder
-								 * takes; their ids are named from owner */
-	int			max_permits;	/* redis_semaphore: the limit each client
-								 * passes (none is stored in Redis) */
-	bool		name_counter;	/* redisson layouts: fencing tokens also
-								 * count Redisson's per-name counter
-								 * (redis_lock.redisson_token_counter on
-								 * when built) */
-} RLLockNames;
 
 /*
  * What one lock operation does to a lock on one node (lockop.c runs it over
@@ -232,7 +200,7 @@ extern const char *rl_pubsub_unsubscribe_cmd(void);
  * the key on, with the per-node answers counted.  Decisions go by majority
  * (one node: its answer): yes >= quorum, or no > nodes - quorum.
  */
-typedef struct RLLockOp
+struct RLLockOp
 {
 	/* in */
 	RLOpKind	kind;
@@ -270,7 +238,7 @@ typedef struct RLLockOp
 	bool		goes_again;		/* sent without waiting: a node did not run
 								 * it, and would be asked again (see
 								 * rl_lock_op_answered) */
-} RLLockOp;
+};
 
 #define RL_OP_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
 #define RL_OP_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
@@ -284,7 +252,7 @@ typedef struct RLLockOp
  * slot), answers counted by majority as for RLLockOp: a node grants every
  * lock or none.
  */
-typedef struct RLManyOp
+struct RLManyOp
 {
 	/* in */
 	RLTarget   *target;
@@ -312,7 +280,7 @@ typedef struct RLManyOp
 	bool		holder_publishes;
 	char	   *wrongtype;		/* busy_index holds a foreign type */
 	int64		elapsed_ms;
-} RLManyOp;
+};
 
 extern void rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode);
 /* the caller is named where a wait breaks the rule (rl_assert_may_wait) */

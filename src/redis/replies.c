@@ -25,6 +25,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "net/net.h"
 #include "redis/redis_int.h"
 
 /* ----------------------------------------------------------------

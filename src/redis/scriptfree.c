@@ -19,6 +19,7 @@
 
 #include "utils/timestamp.h"
 
+#include "net/net.h"
 #include "redis/redis_int.h"
 
 /* ----------------------------------------------------------------

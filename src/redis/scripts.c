@@ -42,6 +42,7 @@
 
 #include "utils/resowner.h"
 
+#include "net/net.h"
 #include "redis/redis_int.h"
 
 /*

@@ -64,6 +64,7 @@
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 
+#include "worker/worker.h"
 #include "wait/wait.h"
 
 /* Checks of one wait after the first are at least this far apart */

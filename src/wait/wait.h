@@ -7,7 +7,7 @@
  *
  *	  Owns: the wait queues and published waits in shared memory.  Must not:
  *	  send to Redis itself (a confirmation is asked by the caller).
- *	  Calls worker/ (the registry's holds) and common/.
+ *	  Calls worker/ (the registry's holds) and base/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -19,7 +19,7 @@
 #ifndef RL_WAIT_H
 #define RL_WAIT_H
 
-#include "worker/worker.h"
+#include "base/base.h"
 
 /* ----------------------------------------------------------------
  * From waitqueue:

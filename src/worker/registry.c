@@ -33,6 +33,7 @@
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 
+#include "net/net.h"
 #include "worker/worker_int.h"
 
 RLShared   *rl_shared = NULL;

@@ -42,6 +42,8 @@
 #include "utils/memutils.h"
 #include "utils/ps_status.h"
 
+#include "net/net.h"
+#include "redis/redis.h"
 #include "worker/worker_int.h"
 
 PGDLLEXPORT void rl_watchdog_main(Datum arg);

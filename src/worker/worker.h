@@ -8,7 +8,7 @@
  *
  *	  Owns: the registry and the worker process.  Must not: know a backend's
  *	  lock table; a backend reaches the registry only through these calls.
- *	  Calls redis/, net/ and common/.
+ *	  Calls redis/, net/ and base/.
  *
  * Copyright (c) 2026, redis_lock developers
  *
@@ -20,7 +20,7 @@
 #ifndef RL_WORKER_H
 #define RL_WORKER_H
 
-#include "redis/redis.h"
+#include "base/base.h"
 
 /* ----------------------------------------------------------------
  * From watchdog:
