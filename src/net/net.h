@@ -210,9 +210,10 @@ extern void rl_close_all(void);
 /*
  * The rule for waits while interrupts are held (connection.c): none for a
  * reply or for the worker where the worker can take the work
- * (rl_held_work_to_worker: a backend of a preloaded server); the lock
- * layer names itself in rl_wait_site (the RL_WAIT_SITE macros of the
- * layers between), so that a breach names the call site.
+ * (rl_held_work_to_worker: a backend of a preloaded server).  The entry
+ * points that wait (rl_wait_owed_at, redis/'s rl_lock_ops_run_at and
+ * rl_many_op_run_at) take their caller's name and keep it in rl_wait_site,
+ * so that a breach names the call site.
  */
 extern const char *rl_wait_site;
 extern bool rl_held_work_to_worker;

@@ -545,10 +545,11 @@ follow_up_round(FollowUps *f, TimestampTz start)
  * while learning the topology) is counted in the op, never raised; in hard
  * mode a topology that cannot be learnt, or a server without the commands
  * of a script-free op, raises before anything is sent.  Interrupts raise
- * either way: hold them where that matters.
+ * either way: hold them where that matters.  site names the caller
+ * (rl_lock_ops_run), where a wait breaks the rule of rl_assert_may_wait.
  */
 void
-(rl_lock_ops_run) (RLLockOp *ops, int nops, RLRunMode mode)
+rl_lock_ops_run_at(RLLockOp *ops, int nops, RLRunMode mode, const char *site)
 {
 	RLCall	   *calls;
 	bool	   *unrouted;
@@ -559,6 +560,7 @@ void
 	int			i;
 	TimestampTz start;
 
+	rl_wait_site = site;
 	for (i = 0; i < nops; i++)
 	{
 		RLLockOp   *op = &ops[i];
@@ -864,10 +866,11 @@ count_many_answer(RLManyOp *op, RLCall *call)
  * node of the first key: the caller puts all keys in one slot), in one
  * round trip, WAIT numreplicas pipelined after each as for a single
  * acquire.  Failures are counted in soft mode; in hard mode a topology that
- * cannot be learnt raises.  Interrupts raise either way.
+ * cannot be learnt raises.  Interrupts raise either way.  site names the
+ * caller (rl_many_op_run).
  */
 void
-(rl_many_op_run) (RLManyOp *op, RLRunMode mode)
+rl_many_op_run_at(RLManyOp *op, RLRunMode mode, const char *site)
 {
 	RLConn	   *conns[RL_MAX_NODES];
 	const RLLockNames *first = op->names[0];
@@ -876,6 +879,7 @@ void
 	int			k = 0;
 	int			j;
 
+	rl_wait_site = site;
 	op->stride = rl_wait_replicas > 0 ? 2 : 1;
 	op->nodes = op->yes = op->no = op->failed = 0;
 	op->maybe_ran = op->holder_publishes = op->lost = false;

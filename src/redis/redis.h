@@ -282,15 +282,15 @@ struct RLManyOp
 	int64		elapsed_ms;
 };
 
-extern void rl_lock_ops_run(RLLockOp *ops, int nops, RLRunMode mode);
+extern void rl_lock_ops_run_at(RLLockOp *ops, int nops, RLRunMode mode,
+							   const char *site);
 /* the caller is named where a wait breaks the rule (rl_assert_may_wait) */
 #define rl_lock_ops_run(ops, nops, mode) \
-	((void) (rl_wait_site = __func__), rl_lock_ops_run((ops), (nops), (mode)))
+	rl_lock_ops_run_at((ops), (nops), (mode), __func__)
 extern void rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent);
 extern bool rl_lock_op_answered(RLLockOp *op);
-extern void rl_many_op_run(RLManyOp *op, RLRunMode mode);
-#define rl_many_op_run(op, mode) \
-	((void) (rl_wait_site = __func__), rl_many_op_run((op), (mode)))
+extern void rl_many_op_run_at(RLManyOp *op, RLRunMode mode, const char *site);
+#define rl_many_op_run(op, mode) rl_many_op_run_at((op), (mode), __func__)
 extern bool rl_many_op_granted(RLManyOp *op);
 extern bool rl_op_granted(RLLockOp *op);
 extern int64 rl_op_found_ttl(RLLockOp *op);
