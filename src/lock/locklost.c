@@ -87,7 +87,6 @@ unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
 	HASH_SEQ_STATUS seq;
 	RLHeld	   *e;
 	TimestampTz cancelled_at;
-	uint8		on_lost;
 
 	if (rl_lt_held == NULL || !rl_watchdog_enabled())
 		return NULL;
@@ -96,10 +95,9 @@ unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
 	{
 		if (RL_HOLDS(e) == 0 || e->lost || e->registry_slot < 0)
 			continue;
-		if (!rl_registry_loss(e->registry_slot, cause, lost_at, &on_lost,
-							  &cancelled_at))
+		if (!rl_registry_loss(e->registry_slot, cause, lost_at, &cancelled_at))
 			continue;
-		if (on_lost != RL_ON_LOST_ERROR ||
+		if (e->on_lost != RL_ON_LOST_ERROR ||
 			!loss_within(what, since, *lost_at, cancelled_at))
 			continue;
 		hash_seq_term(&seq);
@@ -271,7 +269,6 @@ rl_check_lock(const char *name)
 	{
 		RLHeld	   *e = rl_lt_entry_find(modes[i], name);
 		uint8		cause = RL_LOST_NOT_OURS;
-		uint8		on_lost;
 		TimestampTz lost_at;
 		TimestampTz cancelled_at;
 
@@ -279,8 +276,7 @@ rl_check_lock(const char *name)
 			continue;
 		if (e->lost ||
 			(e->registry_slot >= 0 &&
-			 rl_registry_loss(e->registry_slot, &cause, &lost_at, &on_lost,
-							  &cancelled_at)))
+			 rl_registry_loss(e->registry_slot, &cause, &lost_at, &cancelled_at)))
 		{
 			if (!e->lost)
 				mark_reported(e);

@@ -627,12 +627,13 @@ rl_registry_wait_idle(int slot)
 }
 
 /*
- * Has the worker found this lock lost, and if so why, when, and what its
- * holder asked to be made to do?  Only our own slot: no lock needed (the
- * worker writes lost last).
+ * Has the worker found this lock lost, and if so why, when, and when it
+ * signalled the holder?  (What the holder asked to be made to do is its own
+ * entry's, RLHeld.on_lost.)  Only our own slot: no lock needed (the worker
+ * writes lost last).
  */
 bool
-rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost,
+rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
 				 TimestampTz *cancelled_at)
 {
 	RLSlot	   *s;
@@ -645,7 +646,6 @@ rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at, uint8 *on_lost,
 	pg_read_barrier();			/* what the worker wrote before lost */
 	*cause = s->st.lost_cause;
 	*lost_at = s->st.lost_at;
-	*on_lost = s->st.on_lost;
 	*cancelled_at = s->st.cancelled_at;
 	return true;
 }

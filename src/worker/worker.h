@@ -115,7 +115,7 @@ extern void rl_registry_wait_idle(int slot);
 extern bool rl_registry_lost(int slot);
 extern bool rl_registry_withdraw_presumed_loss(int slot, TimestampTz refreshed_at);
 extern bool rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
-							 uint8 *on_lost, TimestampTz *cancelled_at);
+							 TimestampTz *cancelled_at);
 extern TimestampTz rl_registry_renewed_at(int slot);
 extern uint32 rl_registry_lost_events(void);
 extern bool rl_registry_snapshot(RLLockInfo **out, int *n);
