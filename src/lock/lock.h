@@ -150,6 +150,9 @@ extern void rl_many_doubts_to_worker(void);
 extern void rl_many_subscribed(RLConn **subs, int n);
 extern void rl_many_unsubscribed(void);
 extern void rl_many_check_deadlock(TimestampTz now);
+extern long rl_retry_sleep_ms(bool busy_publishes, int64 pttl, bool redlock,
+							  long *backoff, TimestampTz now,
+							  TimestampTz deadline);
 
 /* ----------------------------------------------------------------
  * From lockmany:

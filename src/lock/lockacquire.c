@@ -112,7 +112,7 @@ grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 }
 
 static long
-jitter(long max_ms)
+retry_jitter(long max_ms)
 {
 	if (max_ms <= 0)
 		return 0;
@@ -297,27 +297,29 @@ subscribe_for_release(RLHeld *e, int64 wait_ms, const char *sub,
 }
 
 /*
- * How long to sleep after an attempt that did not decide, at now: holders
- * of ours publish on release, so poll rarely; others back off (*backoff).
- * Never past the holder's expiry or the deadline; Redlock adds jitter.
+ * How long to sleep after an attempt that did not decide, at now: when the
+ * holders are of ours, which publish on release (busy_publishes), poll
+ * rarely; else back off (*backoff).  Never past the holder's expiry (pttl,
+ * 0 if unknown) or the deadline; Redlock adds jitter.  One rule for a
+ * single lock's wait and a set's (lockmany.c).
  */
-static long
-retry_sleep_ms(RLLockOp *op, AcqOutcome outcome, bool redlock, long *backoff,
-			   TimestampTz now, TimestampTz deadline)
+long
+rl_retry_sleep_ms(bool busy_publishes, int64 pttl, bool redlock, long *backoff,
+				  TimestampTz now, TimestampTz deadline)
 {
 	long		sleep_ms;
 
-	if (outcome == ACQ_BUSY && op->holder_publishes)
+	if (busy_publishes)
 		sleep_ms = 1000;
 	else
 	{
 		sleep_ms = *backoff;
 		*backoff = Min(*backoff * 2, 100);
 	}
-	if (op->pttl > 0)
-		sleep_ms = Min(sleep_ms, (long) op->pttl + 1);
+	if (pttl > 0)
+		sleep_ms = Min(sleep_ms, (long) pttl + 1);
 	if (redlock)
-		sleep_ms += jitter(Min(sleep_ms, 50));
+		sleep_ms += retry_jitter(Min(sleep_ms, 50));
 	sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
 	if (sleep_ms < 1)
 		sleep_ms = 1;
@@ -391,7 +393,8 @@ attempt_until_deadline(RLHeld *e, int64 lease_ms, TimestampTz deadline,
 		if (now >= deadline)
 			return outcome;
 
-		sleep_ms = retry_sleep_ms(op, outcome, redlock, &backoff, now, deadline);
+		sleep_ms = rl_retry_sleep_ms(outcome == ACQ_BUSY && op->holder_publishes,
+									 op->pttl, redlock, &backoff, now, deadline);
 		sleep_until_woken(e, op, subs, nsubs, channel, now,
 						  TimestampTzPlusMilliseconds(now, sleep_ms));
 	}

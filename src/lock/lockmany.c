@@ -48,10 +48,6 @@
 #include "wait/wait.h"
 #include "lock/lock.h"
 
-#if PG_VERSION_NUM >= 150000
-#include "common/pg_prng.h"
-#endif
-
 typedef enum ManyOutcome
 {
 	MANY_GOT,
@@ -317,18 +313,6 @@ attempt_round(Many *c)
  * Waiting
  * ----------------------------------------------------------------
  */
-static long
-jitter(long max_ms)
-{
-	if (max_ms <= 0)
-		return 0;
-#if PG_VERSION_NUM >= 150000
-	return (long) pg_prng_uint64_range(&pg_global_prng_state, 0, (uint64) max_ms);
-#else
-	return random() % (max_ms + 1);
-#endif
-}
-
 /*
  * Wait for the set.  Every key's release channel, and its keyspace
  * notifications, are subscribed at once, in one round trip; then attempts
@@ -424,21 +408,8 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 		if (now >= deadline)
 			break;
 
-		/* holders of ours publish on release: poll rarely; others: backoff */
-		if (outcome == MANY_BUSY && c->publishes)
-			sleep_ms = 1000;
-		else
-		{
-			sleep_ms = backoff;
-			backoff = Min(backoff * 2, 100);
-		}
-		if (c->pttl > 0)
-			sleep_ms = Min(sleep_ms, (long) c->pttl + 1);
-		if (c->redlock)
-			sleep_ms += jitter(Min(sleep_ms, 50));
-		sleep_ms = Min(sleep_ms, (long) ((deadline - now + 999) / 1000));
-		if (sleep_ms < 1)
-			sleep_ms = 1;
+		sleep_ms = rl_retry_sleep_ms(outcome == MANY_BUSY && c->publishes,
+									 c->pttl, c->redlock, &backoff, now, deadline);
 		for (i = 0; i < ns; i++)
 		{
 			if (c->busy >= 0 && owner[i] != c->busy)
