@@ -77,6 +77,20 @@ def wait_for_lock_wait(admin, pid, timeout=10):
         (pid,)), timeout, what="backend %d to wait for a PostgreSQL lock" % pid)
 
 
+def wait_for_queue_lead(rc, s):
+    """Poll until s, waiting for a Redis lock, leads this server's local
+    queue for it: a waiter subscribes in Redis (its connection
+    "redis_lock:PID:sub") only once it has taken the queue's first seat.
+    Its wait event does not show that: the attempt it makes before it
+    queues (and its connection's handshake) wait on Redis too, and a
+    waiter that comes while it is there finds no queue and works in Redis
+    itself."""
+    name = "redis_lock:%d:sub" % s.pid
+    testbed.wait_until(lambda: any(c["name"] == name and c.get("sub", "0") != "0"
+                                   for c in rc.client_list()), 10,
+                       what="backend %d to lead the local queue" % s.pid)
+
+
 def checks(pg, pid):
     """The deadlock checks backend pid logged (it set log_min_messages)."""
     return re.findall((CHECK_LINE % pid) + r"(.*)", pg.log_text())
@@ -920,7 +934,9 @@ def test_a_cycle_redis_does_not_confirm_is_no_deadlock(env, ending):
     a.run("BEGIN")
     assert a.run("SELECT redis_lock_acquire('dl:frozen', xact => true) > 0")
     q1.start("SELECT redis_lock_acquire('dl:frozen', wait => '60s')")
-    wait_for_wait_event(admin.conn, q1.pid)
+    # Q1 in the queue before Redis freezes: else Q2 finds no local waiter
+    # and makes its own attempt in the frozen Redis, where no check runs
+    wait_for_queue_lead(r.client(), q1)
     q2.run("BEGIN")
     q2.run(update(1))
     q2_xid = xid(q2)
