@@ -23,7 +23,7 @@ import time
 import psycopg2
 import pytest
 
-from conftest import Session, wait_for_wait_event
+from conftest import Session
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -486,7 +486,7 @@ def test_a_waiter_asleep_in_the_local_queue_is_checked(pg, sessions, rc, table):
     a.run("BEGIN")
     assert a.run("SELECT redis_lock_acquire('dl:queue', xact => true) > 0")
     q1.start("SELECT redis_lock_acquire('dl:queue', wait => '30s')")
-    wait_for_wait_event(admin.conn, q1.pid)
+    wait_for_queue_lead(rc, q1)
     q2.run("BEGIN")
     q2.run(update(7))
     q2_xid = xid(q2)
@@ -568,7 +568,7 @@ def test_cancel_ends_a_checked_wait_within_1s(pg, sessions, rc, queued):
     if queued:
         ahead = sessions()
         ahead.start("SELECT redis_lock_acquire('dl:cancel', wait => '30s')")
-        wait_for_wait_event(admin.conn, ahead.pid)
+        wait_for_queue_lead(rc, ahead)
     start(b, "SELECT redis_lock_acquire('dl:cancel', wait => '30s')")
     wait_for_checks(pg, b.pid, 2)
     t0 = time.monotonic()
