@@ -911,10 +911,6 @@ def test_a_cycle_is_confirmed_without_scripts():
             s.close()
 
 
-# serial (t/conftest.py): in 2 of 3 parallel runs on a loaded machine Q2
-# logged no check that asked Redis within 10 s; never alone or in one
-# process (doc/testing.md, "Not yet explained")
-@pytest.mark.serial
 @pytest.mark.parametrize("ending", ["answered later", "cancel"])
 def test_a_cycle_redis_does_not_confirm_is_no_deadlock(env, ending):
     """A real cycle: A holds R and waits for Q2's row; Q2 waits for R asleep
