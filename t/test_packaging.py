@@ -1,10 +1,13 @@
 """The release metadata agree with each other and with the SQL: version
 (control file, newest install script, META.json, debian/changelog,
 CHANGELOG.md), license (LICENSE, META.json, debian/copyright, README) and
-the PostgreSQL versions (META.json, debian/pgversions, README)."""
+the PostgreSQL versions (META.json, debian/pgversions, README); the PGXN
+archive (scripts/pgxn-dist) is the tracked tree."""
 import json
 import os
 import re
+import subprocess
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +31,24 @@ def test_one_version_everywhere():
     assert meta["provides"]["redis_lock"]["file"] == "sql/redis_lock--%s.sql" % control
     # what PostgreSQL 18's pg_get_loaded_modules() reports (PG_MODULE_MAGIC_EXT)
     assert re.search(r'#define RL_VERSION\s+"([\d.]+)"', read("src/base/base.h")).group(1) == control
+
+
+def test_the_pgxn_archive_is_the_tracked_tree(tmp_path):
+    # what `pgxn install` unpacks: one top directory <name>-<version>/ with
+    # every file git tracks, as it is in the work tree, and nothing else
+    meta = json.loads(read("META.json"))
+    top = "%s-%s/" % (meta["name"], meta["version"])
+    out = subprocess.run([os.path.join(ROOT, "scripts", "pgxn-dist"), str(tmp_path)],
+                         check=True, capture_output=True, text=True).stdout
+    assert out == "%s\n" % (tmp_path / (top[:-1] + ".zip"))
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split("\0")[:-1]
+    with zipfile.ZipFile(out.strip()) as z:
+        names = [n for n in z.namelist() if not n.endswith("/")]
+        assert all(n.startswith(top) for n in z.namelist())
+        assert sorted(n[len(top):] for n in names) == sorted(tracked)
+        for n in (top + "META.json", top + "Makefile", top + "redis_lock.control"):
+            assert z.read(n).decode() == read(n[len(top):])
 
 
 def test_one_license_everywhere():
