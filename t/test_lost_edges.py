@@ -288,3 +288,71 @@ def test_a_loss_that_cancels_an_implicit_commits_verify_is_a_40001(penv):
     finally:
         proxy.held = False
         a.close()
+
+
+def renewals_run(rc, name, count, timeout):
+    """Wait until Redis has run count more renewals of name (its TTL went
+    up each time), whoever gets their replies."""
+    seen = {"n": 0, "last": rc.pttl(name)}
+
+    def more():
+        p = rc.pttl(name)
+        if p > seen["last"] + 100:
+            seen["n"] += 1
+        seen["last"] = p
+        return seen["n"] >= count
+    testbed.wait_until(more, timeout, 0.002, what="%d renewal(s) of %s run in Redis" % (count, name))
+
+
+def test_a_release_resent_after_a_renewal_ran_unanswered_is_not_a_certain_loss(penv):
+    """Issue 43 item 3, the release after a Redis pause.  The worker's
+    renewals ran in Redis, but their replies never reached it (held in the
+    proxy here; in the chaos run, Redis frozen with them unread in its
+    socket, run once it went on): the key lives on, longer than the
+    session can know from the renewals answered (lease_surely_until).  The
+    release then deletes the live key, its reply is lost with the
+    connection, and its resend finds nothing after that known lease: either
+    its first send deleted the key or the lease ran out before; the session
+    cannot tell which.  Before: false and 'Redis lock "pu" was lost', for a
+    lock the release itself had deleted within its lease."""
+    r, proxy, pg, admin = penv
+    rc = r.client()
+    rc.flushall()
+    a = Session(pg)
+    workers = watchdog_pids(pg.postmaster_pid())
+    frozen = False
+    try:
+        assert a.run("SELECT redis_lock_acquire('pu') > 0")
+        granted = time.monotonic()
+        proxy.held = True
+        # two renewals run in Redis, unanswered (the first one's timeout
+        # brings the second); the worker stops before it can presume a loss
+        renewals_run(rc, "pu", 2, 10 * testbed.TIME_SCALE)
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
+        frozen = True
+        # past the lease the session knows of (the grant's; 3 s), the key
+        # still alive by the renewals that ran
+        testbed.wait_until(lambda: time.monotonic() > granted + 3.05, 5, 0.01,
+                           what="the known lease to end")
+        assert rc.pttl("pu") > 0, "the renewals did not keep it"
+        del a.conn.notices[:]
+        a.start("SELECT redis_lock_release('pu')")
+        testbed.wait_until(lambda: not rc.exists("pu"), 5, 0.002,
+                           what="the release's first send to run")
+        assert proxy.reset_clients() >= 1      # its reply lost: sent again
+        proxy.held = False
+        a.join(20)
+        assert a.error is None, a.error
+        print("\nrelease returned %r, notices %r" % (a.result, a.conn.notices))
+        assert not [n for n in a.conn.notices if 'Redis lock "pu" was lost' in n], a.conn.notices
+        assert [n for n in a.conn.notices if 'Redis lock "pu" may have been lost' in n], \
+            a.conn.notices
+        assert a.result is False
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+    finally:
+        proxy.held = False
+        if frozen:
+            for w in workers:
+                os.kill(w, signal.SIGCONT)
+        a.close()

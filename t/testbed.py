@@ -616,8 +616,12 @@ class DelayProxy:
                     continue
                 conn[2] = True
                 sock = conn[0].get_extra_info("socket")
-                if sock is not None:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                try:
+                    if sock is not None:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                        struct.pack("ii", 1, 0))
+                except OSError:
+                    pass        # its client closed it already
                 conn[0].transport.abort()
                 conn[1].close()
                 count.append(conn)

@@ -61,7 +61,12 @@ struct RLHeld
 	int			xact_holds;
 	int64		lease_ms;
 	bool		watchdog;		/* renewed by the background worker */
+	bool		was_renewed;	/* doubt: renewed by the worker while held,
+								 * so a renewal may have run unanswered */
 	bool		lost;			/* Redis no longer has our token */
+	bool		loss_unsure;	/* its release, sent again, found it gone
+								 * where its own first send may have
+								 * deleted it (RL_OP_SURELY_NO) */
 	uint8		on_lost;		/* RLOnLost, as set when it was taken */
 	bool		unreachable;	/* its verify at COMMIT failed: the abort
 								 * that follows leaves it as a doubt */

@@ -500,6 +500,7 @@ rl_lt_became_doubt(RLHeld *e)
 {
 	Assert(RL_HOLDS(e) == 0);
 	rl_lt_ndoubts++;
+	e->was_renewed = e->watchdog;
 	e->watchdog = false;
 	e->late_grant = false;
 	e->expires_at = rl_lt_doubt_horizon(e->lease_ms);
@@ -693,13 +694,27 @@ rl_raise_wrong_type(const char *name, const RLLockNames *n, const char *type)
 /* SQL-callable calls so far; lets a call warn about one lost lock once */
 uint64		rl_lt_call_seq = 0;
 
-/* Every call that finds a lock lost says so (API: false plus a WARNING) */
+/*
+ * Every call that finds a lock lost says so (API: false plus a WARNING);
+ * a release that cannot tell a loss from its own delete says that.
+ */
 void
 rl_lt_warn_lost(RLHeld *e)
 {
 	if (e->lost_reported_at == rl_lt_call_seq)
 		return;
 	e->lost_reported_at = rl_lt_call_seq;
+	if (e->loss_unsure)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 e->mode == RL_MODE_PERMIT ?
+				 errmsg("permits of Redis semaphore \"%s\" may have been lost", e->name) :
+				 errmsg("Redis lock \"%s\" may have been lost", e->name),
+				 errdetail("Its release was sent again after its reply was lost and found key \"%s\" gone, after its lease may have run out: this release or the lease's end removed it.",
+						   e->names.key)));
+		return;
+	}
 	ereport(WARNING,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 			 e->mode == RL_MODE_PERMIT ?
@@ -712,6 +727,9 @@ rl_lt_warn_lost(RLHeld *e)
 void
 rl_lt_mark_lost(RLHeld *e)
 {
+	/* not known lost: reported (rl_lt_warn_lost), not counted */
+	if (e->loss_unsure)
+		return;
 	if (!e->lost)
 		rl_stats_add(RL_STAT_LOST, 1);
 	e->lost = true;
@@ -742,6 +760,20 @@ lease_surely_until(RLHeld *e)
 	return TimestampTzPlusMilliseconds(from, e->lease_ms - (e->lease_ms / 100 + 2));
 }
 
+/*
+ * Whether e's key may last past ours_until, for a release about to go:
+ * when the worker renews it (a renewal it sent may have run in Redis with
+ * its answer never read: Redis frozen with it unread, a connection
+ * dropped), or when the release goes before then.
+ */
+static bool
+lease_may_outlive(RLHeld *e, TimestampTz ours_until)
+{
+	if (e->watchdog || e->was_renewed)
+		return true;
+	return GetCurrentTimestamp() < ours_until;
+}
+
 void
 rl_lt_op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
 {
@@ -754,7 +786,10 @@ rl_lt_op_init(RLLockOp *op, RLOpKind kind, RLHeld *e, int64 lease_ms)
 	op->fence = e->target->kind != RL_TOPO_REDLOCK;
 	/* a release sent again reads its answer by it (lockop.c) */
 	if (kind == RL_OP_RELEASE)
+	{
 		op->ours_until = lease_surely_until(e);
+		op->may_outlive = lease_may_outlive(e, op->ours_until);
+	}
 }
 
 /* Raise for an op whose outcome no majority decided */
@@ -791,7 +826,10 @@ rl_lt_release_entries(RLHeld **ents, int n, RLRunMode mode, int *results)
 	if (n > 0)
 		rl_lock_ops_run(ops, n, mode);
 	for (i = 0; i < n; i++)
+	{
 		results[i] = RL_OP_YES(&ops[i]) ? 1 : RL_OP_NO(&ops[i]) ? 0 : RELEASE_UNKNOWN;
+		ents[i]->loss_unsure = results[i] == 0 && !RL_OP_SURELY_NO(&ops[i]);
+	}
 	return ops;
 }
 

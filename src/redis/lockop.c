@@ -116,14 +116,18 @@ count_failure(RLLockOp *op, RLCall *unit, int n)
  * after the first send), the key can only have stopped being ours by a
  * delete -- ours, or another client's, which no answer could tell apart
  * from ours.  Then it counts as released.  After that time the first send
- * may have found the lease run out: not ours, as a first answer would say.
+ * may have found the lease run out: not ours, as a first answer would say;
+ * but while the key may have outlived ours_until (op->may_outlive: a
+ * renewal that ran in Redis unanswered, or a first send that went while
+ * the lease surely lasted), the first send may as well have deleted it:
+ * a "no" that may be our own delete (op->no_unsure).
  *
  * Extend, verify and renew need no such reading: their first send can
  * only restart our lease, so a repeat that finds the lock not ours finds
  * it lost, and one that finds it ours finds it ours.
  */
 static bool
-released_by_first_send(RLLockOp *op, RLCall *unit, int n)
+release_resent(RLLockOp *op, RLCall *unit, int n)
 {
 	int			i;
 
@@ -131,7 +135,7 @@ released_by_first_send(RLLockOp *op, RLCall *unit, int n)
 		return false;
 	for (i = 0; i < n && !unit[i].resent; i++)
 		;
-	return i < n && GetCurrentTimestamp() < op->ours_until;
+	return i < n;
 }
 
 /*
@@ -203,10 +207,15 @@ count_answer(RLLockOp *op, RLCall *unit, int n, FollowUps *follow)
 				op->yes++;
 				return;
 			case RL_FLAG_NO:
-				if (released_by_first_send(op, unit, n))
+				if (!release_resent(op, unit, n))
+					op->no++;
+				else if (GetCurrentTimestamp() < op->ours_until)
 					op->yes++;
 				else
+				{
 					op->no++;
+					op->no_unsure += op->may_outlive ? 1 : 0;
+				}
 				return;
 			case RL_FLAG_WRONGTYPE:
 				op->no++;

@@ -214,11 +214,17 @@ struct RLLockOp
 	TimestampTz ours_until;		/* release: our lease surely lasts until
 								 * then, by this backend's clock (0: not
 								 * known); see count_answer */
+	bool		may_outlive;	/* release: the key may outlive ours_until
+								 * (a renewal may have run unanswered, or
+								 * the release goes before then) */
 	/* out */
 	int			nodes;
 	int			yes;
 	int			no;
 	int			failed;
+	int			no_unsure;		/* release: "no" answers of a resend that
+								 * may have found our own first send's
+								 * delete (count_answer) */
 	int			refused;		/* failed nodes that refused it in a way that
 								 * would come again (rl_reply_is_permanent) */
 	bool		maybe_ran;		/* a failed call may have run in Redis */
@@ -242,6 +248,9 @@ struct RLLockOp
 
 #define RL_OP_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
 #define RL_OP_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
+/* no, and not only by answers that may have found our own delete */
+#define RL_OP_SURELY_NO(op) \
+	((op)->no - (op)->no_unsure > (op)->nodes - rl_target_quorum((op)->target))
 /* the same tests, for an RLManyOp */
 #define RL_MANY_YES(op) ((op)->yes >= rl_target_quorum((op)->target))
 #define RL_MANY_NO(op) ((op)->no > (op)->nodes - rl_target_quorum((op)->target))
