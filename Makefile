@@ -19,7 +19,8 @@ MODULE_big = redis_lock
 # (doc/architecture.md draws them).
 OBJS = \
 	src/interface/module.o src/interface/functions.o \
-	src/interface/semfunctions.o src/interface/fenceguard.o \
+	src/interface/statusfunctions.o src/interface/semfunctions.o \
+	src/interface/fenceguard.o \
 	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
 	src/lock/locklost.o \
