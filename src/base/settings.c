@@ -30,7 +30,7 @@
 #include "storage/fd.h"
 #include "utils/guc.h"
 
-#include "base/base.h"
+#include "base/base_int.h"
 
 char	   *rl_url = NULL;
 char	   *rl_password = NULL;
@@ -130,7 +130,7 @@ has_space_or_control(const char *s)
 }
 
 /* rl_parse_url's detail for a URL that carries a password (compared by address) */
-static const char *const url_password_msg =
+const char *const rl_url_password_msg =
 gettext_noop("The settings that hold URLs are readable by every role.");
 
 /* "user@" before the host, if any; returns the error text or NULL */
@@ -145,7 +145,7 @@ parse_url_user(const char **p, RLEndpoint *ep)
 		return NULL;
 	ulen = at - *p;
 	if (memchr(*p, ':', ulen) != NULL)
-		return url_password_msg;
+		return rl_url_password_msg;
 	if (ulen == 0 || ulen >= sizeof(ep->user))
 		return gettext_noop("The user name in the URL is empty or too long.");
 	memcpy(ep->user, *p, ulen);
@@ -509,7 +509,7 @@ rl_password_file_lookup(const RLEndpoint *ep)
 static void
 url_refused(const char *setting, const char *url, const char *msg)
 {
-	if (msg == url_password_msg)
+	if (msg == rl_url_password_msg)
 	{
 		GUC_check_errmsg("a URL in parameter \"%s\" carries a password", setting);
 		GUC_check_errdetail("%s", _(msg));
