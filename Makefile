@@ -30,7 +30,8 @@ OBJS = \
 	src/redis/scriptfree.o src/redis/replies.o \
 	src/net/topology.o src/net/transport.o src/net/connection.o \
 	src/net/owed.o src/net/pubsub.o src/net/stream.o src/net/resolve.o \
-	src/base/settings.o src/base/stats.o
+	src/base/settings.o src/base/url.o src/base/passwordfile.o \
+	src/base/stats.o
 DATA = $(wildcard sql/redis_lock--*.sql)
 PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 
