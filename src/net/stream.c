@@ -46,7 +46,7 @@
 #include "storage/latch.h"
 #include "utils/memutils.h"
 
-#include "net/net.h"
+#include "net/net_int.h"
 
 /*
  * The most one reply may hold.  hiredis keeps a reply whole until its last
@@ -207,8 +207,8 @@ static uint64 tls_ctx_generation = 0;
  * OpenSSL's reason for the last failure; for a failed handshake that
  * verified the server, the certificate check's reason first.
  */
-static char *
-tls_reason(SSL *ssl, const char *what)
+char *
+rl_tls_reason(SSL *ssl, const char *what)
 {
 	unsigned long e = ERR_get_error();
 	const char *reason = e != 0 ? ERR_reason_error_string(e) : NULL;
@@ -229,8 +229,8 @@ tls_reason(SSL *ssl, const char *what)
 }
 
 /* Is OpenSSL's first queued error a fatal alert the server sent us? */
-static bool
-tls_alert_received(void)
+bool
+rl_tls_alert_received(void)
 {
 	unsigned long e = ERR_peek_error();
 
@@ -275,7 +275,7 @@ tls_context(char **reason)
 	ctx = SSL_CTX_new(TLS_client_method());
 	if (ctx == NULL)
 	{
-		*reason = tls_reason(NULL, "could not create a TLS context");
+		*reason = rl_tls_reason(NULL, "could not create a TLS context");
 		return NULL;
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
@@ -288,14 +288,14 @@ tls_context(char **reason)
 	{
 		if (SSL_CTX_load_verify_locations(ctx, rl_tls_ca_file, NULL) != 1)
 		{
-			*reason = tls_reason(NULL, psprintf("could not load CA file \"%s\"", rl_tls_ca_file));
+			*reason = rl_tls_reason(NULL, psprintf("could not load CA file \"%s\"", rl_tls_ca_file));
 			SSL_CTX_free(ctx);
 			return NULL;
 		}
 	}
 	else if (SSL_CTX_set_default_verify_paths(ctx) != 1)
 	{
-		*reason = tls_reason(NULL, "could not load the system's trusted CAs");
+		*reason = rl_tls_reason(NULL, "could not load the system's trusted CAs");
 		SSL_CTX_free(ctx);
 		return NULL;
 	}
@@ -312,7 +312,7 @@ tls_context(char **reason)
 		}
 		if (SSL_CTX_use_certificate_chain_file(ctx, rl_tls_cert_file) != 1)
 		{
-			*reason = tls_reason(NULL, psprintf("could not load client certificate \"%s\"",
+			*reason = rl_tls_reason(NULL, psprintf("could not load client certificate \"%s\"",
 												rl_tls_cert_file));
 			SSL_CTX_free(ctx);
 			return NULL;
@@ -320,7 +320,7 @@ tls_context(char **reason)
 		if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
 			SSL_CTX_check_private_key(ctx) != 1)
 		{
-			*reason = tls_reason(NULL, psprintf("could not load private key \"%s\"", key));
+			*reason = rl_tls_reason(NULL, psprintf("could not load private key \"%s\"", key));
 			SSL_CTX_free(ctx);
 			return NULL;
 		}
@@ -340,9 +340,13 @@ is_ip_literal(const char *host)
 	return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
 }
 
-/* A TLS session over the connected socket, not yet shaken hands */
-static char *
-tls_start(RLStream *s, const RLEndpoint *ep)
+/*
+ * A TLS session over the connected socket sock, not yet shaken hands, into
+ * *ssl (which the caller frees, also when this fails).  Returns NULL, or
+ * why it could not start.
+ */
+char *
+rl_tls_start(SSL **ssl, pgsocket sock, const RLEndpoint *ep)
 {
 	char	   *reason = NULL;
 	SSL_CTX    *ctx = tls_context(&reason);
@@ -350,20 +354,20 @@ tls_start(RLStream *s, const RLEndpoint *ep)
 
 	if (ctx == NULL)
 		return reason;
-	s->ssl = SSL_new(ctx);
-	if (s->ssl == NULL || SSL_set_fd(s->ssl, s->sock) != 1)
-		return tls_reason(NULL, "could not start TLS");
-	SSL_set_connect_state(s->ssl);
-	param = SSL_get0_param(s->ssl);
+	*ssl = SSL_new(ctx);
+	if (*ssl == NULL || SSL_set_fd(*ssl, sock) != 1)
+		return rl_tls_reason(NULL, "could not start TLS");
+	SSL_set_connect_state(*ssl);
+	param = SSL_get0_param(*ssl);
 	if (!is_ip_literal(ep->host))
-		SSL_set_tlsext_host_name(s->ssl, ep->host);
+		SSL_set_tlsext_host_name(*ssl, ep->host);
 	if (rl_tls_verify == RL_TLS_VERIFY_FULL)
 	{
 		X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
 		if (is_ip_literal(ep->host) ?
 			X509_VERIFY_PARAM_set1_ip_asc(param, ep->host) != 1 :
 			X509_VERIFY_PARAM_set1_host(param, ep->host, 0) != 1)
-			return tls_reason(NULL, "could not set the host name to verify");
+			return rl_tls_reason(NULL, "could not set the host name to verify");
 	}
 	return NULL;
 }
@@ -531,7 +535,7 @@ stream_around(pgsocket sock, const RLEndpoint *ep, const RLAddr *rest, int nrest
 			why_text = pstrdup("out of memory in hiredis");
 		else if (ep->tls)
 		{
-			why_text = tls_start(s, ep);
+			why_text = rl_tls_start(&s->ssl, s->sock, ep);
 			why = RL_STREAM_FAIL_TLS;
 		}
 #ifdef USE_ASSERT_CHECKING
@@ -666,7 +670,7 @@ rl_stream_connect(RLStream *s, RLStreamFailure *failure, char **reason)
 			if (tls_would_block(s, ret) == RL_STREAM_WAIT)
 				return RL_STREAM_WAIT;
 			*failure = RL_STREAM_FAIL_TLS;
-			*reason = tls_reason(s->ssl, "TLS handshake failed");
+			*reason = rl_tls_reason(s->ssl, "TLS handshake failed");
 			return RL_STREAM_FAILED;
 		}
 		s->tls_connected = true;
@@ -802,7 +806,7 @@ rl_stream_write(RLStream *s, bool *progress, RLStreamFailure *failure, char **re
 				if (tls_would_block(s, (int) w) == RL_STREAM_WAIT)
 					return RL_STREAM_WAIT;
 				*failure = RL_STREAM_FAIL_IO;
-				*reason = tls_reason(s->ssl, "TLS write failed");
+				*reason = rl_tls_reason(s->ssl, "TLS write failed");
 				return RL_STREAM_FAILED;
 			}
 			/* the write went on: what it waited for is no longer wanted */
@@ -891,7 +895,7 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 					s->tls_read_wants = e == SSL_ERROR_WANT_WRITE ? WL_SOCKET_WRITEABLE : 0;
 					return RL_STREAM_DONE;
 				}
-				if (e == SSL_ERROR_SSL && !s->tls_got_data && tls_alert_received())
+				if (e == SSL_ERROR_SSL && !s->tls_got_data && rl_tls_alert_received())
 				{
 					/*
 					 * TLS 1.3: the client's side of the handshake ends
@@ -902,13 +906,13 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 					 * with OpenSSL's text of the alert as the reason.
 					 */
 					*failure = RL_STREAM_FAIL_TLS;
-					*reason = tls_reason(s->ssl, "TLS handshake failed");
+					*reason = rl_tls_reason(s->ssl, "TLS handshake failed");
 					return RL_STREAM_FAILED;
 				}
 				*failure = e == SSL_ERROR_ZERO_RETURN ? RL_STREAM_FAIL_EOF : RL_STREAM_FAIL_IO;
 				*reason = e == SSL_ERROR_ZERO_RETURN ?
 					pstrdup("server closed the connection") :
-					tls_reason(s->ssl, "TLS read failed");
+					rl_tls_reason(s->ssl, "TLS read failed");
 				return RL_STREAM_FAILED;
 			}
 			/* data: a WANT_WRITE of an earlier read is stale */
