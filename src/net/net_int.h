@@ -93,6 +93,11 @@ extern bool rl_owed_drain(RLConn *conn, RLFailure *failure, char **reason);
 extern void rl_poll_conn(RLConn *conn, TimestampTz now);
 extern void rl_finish_owed(RLConn *conn, bool every);
 
+/* handshake.c: what a new connection sends first, and what it learns */
+extern int	rl_handshake_queue(RLConn *conn, bool run_asks, bool *probing);
+extern bool rl_handshake_refused(RLReply *r, RLFailure *failure, int *errcode);
+extern void rl_note_commands(RLConn *conn, RLReply *r);
+
 /*
  * tls.c: the TLS context and the start of a session, for stream.c (which
  * reads and writes through it).  OpenSSL's SSL is struct ssl_st.

@@ -146,18 +146,134 @@ resolve_names(RunConn **need, int n, TimestampTz now)
 }
 
 /*
+ * The handshake's AUTH, with the settings' password (or the worker's
+ * target's), else the password file's, read now: once per connection, by
+ * whichever process connects.  Its copy is zeroed once the command is
+ * queued.  Returns how many commands were queued (0 or 1).
+ */
+static int
+queue_auth(RLConn *conn)
+{
+	const char *argv[3];
+	size_t		argvlen[3];
+	int			argc = 0;
+	const char *password = conn->secret;
+	char	   *file_password;
+
+	file_password = password[0] == '\0' ? rl_password_file_lookup(&conn->ep) : NULL;
+	if (file_password != NULL)
+		password = file_password;
+	if (password[0] != '\0' || conn->ep.user[0] != '\0')
+	{
+		argv[argc] = "AUTH";
+		argvlen[argc++] = 4;
+		if (conn->ep.user[0] != '\0')
+		{
+			argv[argc] = conn->ep.user;
+			argvlen[argc++] = strlen(conn->ep.user);
+		}
+		argv[argc] = password;
+		argvlen[argc++] = strlen(password);
+		rl_stream_append(conn->stream, argc, argv, argvlen);
+	}
+	if (file_password != NULL)
+	{
+		explicit_bzero(file_password, strlen(file_password));
+		pfree(file_password);
+	}
+	return argc > 0 ? 1 : 0;
+}
+
+/* The handshake's SELECT of the URL's database, if not 0; returns 0 or 1 */
+static int
+queue_select(RLConn *conn)
+{
+	const char *argv[2];
+	size_t		argvlen[2];
+	char		buf[64];
+
+	if (conn->ep.db == 0 || conn->subscriber || conn->ep.sentinel)
+		return 0;
+	snprintf(buf, sizeof(buf), "%d", conn->ep.db);
+	argv[0] = "SELECT";
+	argvlen[0] = 6;
+	argv[1] = buf;
+	argvlen[1] = strlen(buf);
+	rl_stream_append(conn->stream, 2, argv, argvlen);
+	return 1;
+}
+
+/* The handshake's CLIENT SETNAME: which process, and what for */
+static void
+queue_setname(RLConn *conn)
+{
+	const char *argv[3];
+	size_t		argvlen[3];
+	char		buf[64];
+
+	snprintf(buf, sizeof(buf), "redis_lock:%d%s%s", MyProcPid,
+			 MyBackendType == B_BG_WORKER ? ":worker" : "",
+			 conn->subscriber ? ":sub" : "");
+	argv[0] = "CLIENT";
+	argvlen[0] = 6;
+	argv[1] = "SETNAME";
+	argvlen[1] = 7;
+	argv[2] = buf;
+	argvlen[2] = strlen(buf);
+	rl_stream_append(conn->stream, 3, argv, argvlen);
+}
+
+/* The handshake's last command: COMMAND INFO of the probed names */
+static void
+queue_probe(RLConn *conn)
+{
+	const char *pargv[2 + RL_MAX_PROBED];
+	size_t		pargvlen[2 + RL_MAX_PROBED];
+	int			i;
+
+	pargv[0] = "COMMAND";
+	pargv[1] = "INFO";
+	for (i = 0; i < probe_n; i++)
+		pargv[2 + i] = probe_names[i];
+	for (i = 0; i < 2 + probe_n; i++)
+		pargvlen[i] = strlen(pargv[i]);
+	rl_stream_append(conn->stream, 2 + probe_n, pargv, pargvlen);
+}
+
+/*
+ * Queue the handshake of conn, whose connect just started, in front of
+ * whatever the caller sends: the whole handshake costs no extra round trip.
+ * What the server offers is asked last (its reply is told apart by that),
+ * unless the caller's run itself starts with that question (run_asks);
+ * *probing tells whether it was.  Returns how many commands were queued.
+ */
+int
+rl_handshake_queue(RLConn *conn, bool run_asks, bool *probing)
+{
+	int			n = 0;
+
+	n += queue_auth(conn);
+	n += queue_select(conn);
+	queue_setname(conn);
+	n++;
+	*probing = probe_n > 0 && !conn->subscriber && !conn->ep.sentinel &&
+		!run_asks;
+	if (*probing)
+	{
+		queue_probe(conn);
+		n++;
+	}
+	return n;
+}
+
+/*
  * Start a non-blocking connect and queue the handshake in front of whatever
- * the caller sends: the whole handshake costs no extra round trip.
+ * the caller sends.
  */
 static void
 start_connect(RunConn *rc, TimestampTz now)
 {
 	RLConn	   *conn = rc->conn;
-	const char *argv[4];
-	size_t		argvlen[4];
-	char		buf[64];
-	const char *password;
-	char	   *file_password;
 	RLStreamFailure failure;
 	char	   *reason;
 
@@ -184,90 +300,16 @@ start_connect(RunConn *rc, TimestampTz now)
 	conn->generation = rl_settings_generation;
 	rc->connecting = true;
 	rc->connect_deadline = address_deadline(rc, GetCurrentTimestamp());
-	rc->handshake = 0;
-
-	/*
-	 * Without a password from the settings (or the worker's target), the
-	 * password file's, read now: once per connection, by whichever process
-	 * connects.  Its copy is zeroed once the command is queued.
-	 */
-	password = conn->secret;
-	file_password = password[0] == '\0' ? rl_password_file_lookup(&conn->ep) : NULL;
-	if (file_password != NULL)
-		password = file_password;
-	if (password[0] != '\0' || conn->ep.user[0] != '\0')
-	{
-		int			argc = 0;
-
-		argv[argc] = "AUTH";
-		argvlen[argc++] = 4;
-		if (conn->ep.user[0] != '\0')
-		{
-			argv[argc] = conn->ep.user;
-			argvlen[argc++] = strlen(conn->ep.user);
-		}
-		argv[argc] = password;
-		argvlen[argc++] = strlen(password);
-		append_argv(rc, argc, argv, argvlen);
-		rc->handshake++;
-	}
-	if (file_password != NULL)
-	{
-		explicit_bzero(file_password, strlen(file_password));
-		pfree(file_password);
-	}
-	if (conn->ep.db != 0 && !conn->subscriber && !conn->ep.sentinel)
-	{
-		snprintf(buf, sizeof(buf), "%d", conn->ep.db);
-		argv[0] = "SELECT";
-		argvlen[0] = 6;
-		argv[1] = buf;
-		argvlen[1] = strlen(buf);
-		append_argv(rc, 2, argv, argvlen);
-		rc->handshake++;
-	}
-	snprintf(buf, sizeof(buf), "redis_lock:%d%s%s", MyProcPid,
-			 MyBackendType == B_BG_WORKER ? ":worker" : "",
-			 conn->subscriber ? ":sub" : "");
-	argv[0] = "CLIENT";
-	argvlen[0] = 6;
-	argv[1] = "SETNAME";
-	argvlen[1] = 7;
-	argv[2] = buf;
-	argvlen[2] = strlen(buf);
-	append_argv(rc, 3, argv, argvlen);
-	rc->handshake++;
-
-	/*
-	 * What the server offers, asked last (its reply is told apart by that),
-	 * unless the run itself starts with that question
-	 */
-	rc->probing = false;
-	if (probe_n > 0 && !conn->subscriber && !conn->ep.sentinel &&
-		!(rc->nsinks > 0 && rc->sinks[0]->probe))
-	{
-		const char *pargv[2 + RL_MAX_PROBED];
-		size_t		pargvlen[2 + RL_MAX_PROBED];
-		int			i;
-
-		pargv[0] = "COMMAND";
-		pargv[1] = "INFO";
-		for (i = 0; i < probe_n; i++)
-			pargv[2 + i] = probe_names[i];
-		for (i = 0; i < 2 + probe_n; i++)
-			pargvlen[i] = strlen(pargv[i]);
-		append_argv(rc, 2 + probe_n, pargv, pargvlen);
-		rc->handshake++;
-		rc->probing = true;
-	}
+	rc->handshake = rl_handshake_queue(conn, rc->nsinks > 0 && rc->sinks[0]->probe,
+									   &rc->probing);
 }
 
 /*
  * Remember what a COMMAND INFO probe answered about the server behind conn:
  * an array with one entry per name, nil for a command it does not know.
  */
-static void
-note_commands(RLConn *conn, RLReply *r)
+void
+rl_note_commands(RLConn *conn, RLReply *r)
 {
 	const char *refusal = NULL;
 	int			known = 0;
@@ -353,25 +395,50 @@ rl_conn_commands(RLConn *conn, const char **refusal)
 	return conn->commands;
 }
 
-/* Check one handshake reply; the error never shows the password */
-static void
-check_handshake(RunConn *rc, RLReply *r)
+/*
+ * Does the reply to a handshake command refuse the connection?  Then
+ * *failure and *errcode say how (the reply's text never shows the
+ * password).
+ */
+bool
+rl_handshake_refused(RLReply *r, RLFailure *failure, int *errcode)
 {
 	if (r->type != REDIS_REPLY_ERROR)
-		return;
+		return false;
 	if (strncmp(r->str, "WRONGPASS", 9) == 0 ||
 		strstr(r->str, "invalid password") != NULL ||
 		strstr(r->str, "invalid username-password") != NULL)
-		run_fail(rc, RL_FAIL_PASSWORD, ERRCODE_INVALID_PASSWORD, pstrdup(r->str));
+	{
+		*failure = RL_FAIL_PASSWORD;
+		*errcode = ERRCODE_INVALID_PASSWORD;
+	}
 	else if (strncmp(r->str, "NOAUTH", 6) == 0)
-		run_fail(rc, RL_FAIL_NOAUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-				 pstrdup(r->str));
+	{
+		*failure = RL_FAIL_NOAUTH;
+		*errcode = ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION;
+	}
 	else if (strstr(r->str, "AUTH") != NULL)
-		run_fail(rc, RL_FAIL_AUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-				 pstrdup(r->str));
+	{
+		*failure = RL_FAIL_AUTH;
+		*errcode = ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION;
+	}
 	else
-		run_fail(rc, RL_FAIL_SETUP, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-				 pstrdup(r->str));
+	{
+		*failure = RL_FAIL_SETUP;
+		*errcode = ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
+	}
+	return true;
+}
+
+/* Check one handshake reply: a refusal fails the run */
+static void
+check_handshake(RunConn *rc, RLReply *r)
+{
+	RLFailure	failure;
+	int			errcode;
+
+	if (rl_handshake_refused(r, &failure, &errcode))
+		run_fail(rc, failure, errcode, pstrdup(r->str));
 }
 
 /* A NOAUTH reply to a normal command also means our credentials are off */
@@ -432,7 +499,7 @@ drain_replies(RunConn *rc)
 			rc->handshake--;
 			/* the probe comes last; a refusal of it is only noted */
 			if (rc->handshake == 0 && rc->probing)
-				note_commands(rc->conn, r);
+				rl_note_commands(rc->conn, r);
 			else
 				check_handshake(rc, r);
 			continue;
@@ -468,7 +535,7 @@ drain_replies(RunConn *rc)
 				return;
 			}
 			if (call->probe)
-				note_commands(rc->conn, r);
+				rl_note_commands(rc->conn, r);
 			call->reply = r;
 			rc->next++;
 		}
