@@ -28,9 +28,9 @@ OBJS = \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \
 	src/redis/scriptfree.o src/redis/replies.o \
-	src/net/topology.o src/net/transport.o src/net/connection.o \
-	src/net/owed.o src/net/pubsub.o src/net/stream.o src/net/tls.o \
-	src/net/resolve.o \
+	src/net/topology.o src/net/transport.o src/net/handshake.o \
+	src/net/connection.o src/net/owed.o src/net/pubsub.o \
+	src/net/stream.o src/net/tls.o src/net/resolve.o \
 	src/base/settings.o src/base/url.o src/base/passwordfile.o \
 	src/base/stats.o
 DATA = $(wildcard sql/redis_lock--*.sql)
