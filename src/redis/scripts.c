@@ -691,6 +691,53 @@ REDISSON_TOKEN_LUA
 "return out\n";
 
 /*
+ * Name (for messages) and body of every lock layout's script into table,
+ * which is indexed by RLScriptId (the SHA1s are scripts.c's).
+ */
+void
+rl_lock_scripts_define(RLScript *table)
+{
+	table[RL_SCRIPT_SIMPLE_ACQUIRE].name = "simple acquire";
+	table[RL_SCRIPT_SIMPLE_ACQUIRE].body = simple_acquire_lua;
+	table[RL_SCRIPT_SIMPLE_RELEASE].name = "simple release";
+	table[RL_SCRIPT_SIMPLE_RELEASE].body = simple_release_lua;
+	table[RL_SCRIPT_SIMPLE_EXTEND].name = "simple extend";
+	table[RL_SCRIPT_SIMPLE_EXTEND].body = simple_extend_lua;
+	table[RL_SCRIPT_REDISSON_ACQUIRE].name = "redisson acquire";
+	table[RL_SCRIPT_REDISSON_ACQUIRE].body = redisson_acquire_lua;
+	table[RL_SCRIPT_REDISSON_RELEASE].name = "redisson release";
+	table[RL_SCRIPT_REDISSON_RELEASE].body = redisson_release_lua;
+	table[RL_SCRIPT_REDISSON_EXTEND].name = "redisson extend";
+	table[RL_SCRIPT_REDISSON_EXTEND].body = redisson_extend_lua;
+	table[RL_SCRIPT_FAIR_ACQUIRE].name = "fair acquire";
+	table[RL_SCRIPT_FAIR_ACQUIRE].body = fair_acquire_lua;
+	table[RL_SCRIPT_FAIR_RELEASE].name = "fair release";
+	table[RL_SCRIPT_FAIR_RELEASE].body = fair_release_lua;
+	table[RL_SCRIPT_FAIR_DEQUEUE].name = "fair dequeue";
+	table[RL_SCRIPT_FAIR_DEQUEUE].body = fair_dequeue_lua;
+	table[RL_SCRIPT_RW_READ_ACQUIRE].name = "read-write lock read acquire";
+	table[RL_SCRIPT_RW_READ_ACQUIRE].body = rw_read_acquire_lua;
+	table[RL_SCRIPT_RW_READ_RELEASE].name = "read-write lock read release";
+	table[RL_SCRIPT_RW_READ_RELEASE].body = rw_read_release_lua;
+	table[RL_SCRIPT_RW_READ_EXTEND].name = "read-write lock read extend";
+	table[RL_SCRIPT_RW_READ_EXTEND].body = rw_read_extend_lua;
+	table[RL_SCRIPT_RW_WRITE_ACQUIRE].name = "read-write lock write acquire";
+	table[RL_SCRIPT_RW_WRITE_ACQUIRE].body = rw_write_acquire_lua;
+	table[RL_SCRIPT_RW_WRITE_RELEASE].name = "read-write lock write release";
+	table[RL_SCRIPT_RW_WRITE_RELEASE].body = rw_write_release_lua;
+	table[RL_SCRIPT_RW_WRITE_EXTEND].name = "read-write lock write extend";
+	table[RL_SCRIPT_RW_WRITE_EXTEND].body = rw_write_extend_lua;
+	table[RL_SCRIPT_FORCE].name = "force release";
+	table[RL_SCRIPT_FORCE].body = force_lua;
+	table[RL_SCRIPT_INSPECT].name = "inspect";
+	table[RL_SCRIPT_INSPECT].body = inspect_lua;
+	table[RL_SCRIPT_SIMPLE_ACQUIRE_MANY].name = "simple acquire many";
+	table[RL_SCRIPT_SIMPLE_ACQUIRE_MANY].body = simple_acquire_many_lua;
+	table[RL_SCRIPT_REDISSON_ACQUIRE_MANY].name = "redisson acquire many";
+	table[RL_SCRIPT_REDISSON_ACQUIRE_MANY].body = redisson_acquire_many_lua;
+}
+
+/*
  * Semaphores, Redisson's RPermitExpirableSemaphore layout
  * (doc/semaphores.md): the key holds the count of free permits (a decimal
  * integer), "{key}:timeout" (Redisson's suffix rule) is a sorted set of
@@ -929,12 +976,32 @@ RL_NPM_PRELUDE
 "return {redis.call('exists', KEYS[1]), -1,\n"
 "        redis.call('zcount', KEYS[1], '(' .. ARGV[1], '+inf')}\n";
 
-typedef struct RLScript
+/*
+ * Name (for messages) and body of every semaphore layout's script into table,
+ * which is indexed by RLScriptId (the SHA1s are scripts.c's).
+ */
+void
+rl_sem_scripts_define(RLScript *table)
 {
-	const char *name;			/* for messages */
-	const char *body;
-	char		sha[41];
-} RLScript;
+	table[RL_SCRIPT_SEM_ACQUIRE].name = "redisson semaphore acquire";
+	table[RL_SCRIPT_SEM_ACQUIRE].body = sem_acquire_lua;
+	table[RL_SCRIPT_SEM_RELEASE].name = "redisson semaphore release";
+	table[RL_SCRIPT_SEM_RELEASE].body = sem_release_lua;
+	table[RL_SCRIPT_SEM_EXTEND].name = "redisson semaphore extend";
+	table[RL_SCRIPT_SEM_EXTEND].body = sem_extend_lua;
+	table[RL_SCRIPT_SEM_STATUS].name = "redisson semaphore status";
+	table[RL_SCRIPT_SEM_STATUS].body = sem_status_lua;
+	table[RL_SCRIPT_SEM_SETUP].name = "redisson semaphore set up";
+	table[RL_SCRIPT_SEM_SETUP].body = sem_setup_lua;
+	table[RL_SCRIPT_NPM_ACQUIRE].name = "redis-semaphore acquire";
+	table[RL_SCRIPT_NPM_ACQUIRE].body = npm_acquire_lua;
+	table[RL_SCRIPT_NPM_RELEASE].name = "redis-semaphore release";
+	table[RL_SCRIPT_NPM_RELEASE].body = npm_release_lua;
+	table[RL_SCRIPT_NPM_EXTEND].name = "redis-semaphore extend";
+	table[RL_SCRIPT_NPM_EXTEND].body = npm_extend_lua;
+	table[RL_SCRIPT_NPM_STATUS].name = "redis-semaphore status";
+	table[RL_SCRIPT_NPM_STATUS].body = npm_status_lua;
+}
 
 static RLScript scripts[RL_SCRIPT_COUNT];
 
@@ -962,38 +1029,8 @@ compute_sha(RLScript *s)
 void
 rl_scripts_init(void)
 {
-	const RLScript all[RL_SCRIPT_COUNT] = {
-		[RL_SCRIPT_SIMPLE_ACQUIRE] = {"simple acquire", simple_acquire_lua},
-		[RL_SCRIPT_SIMPLE_RELEASE] = {"simple release", simple_release_lua},
-		[RL_SCRIPT_SIMPLE_EXTEND] = {"simple extend", simple_extend_lua},
-		[RL_SCRIPT_REDISSON_ACQUIRE] = {"redisson acquire", redisson_acquire_lua},
-		[RL_SCRIPT_REDISSON_RELEASE] = {"redisson release", redisson_release_lua},
-		[RL_SCRIPT_REDISSON_EXTEND] = {"redisson extend", redisson_extend_lua},
-		[RL_SCRIPT_FAIR_ACQUIRE] = {"fair acquire", fair_acquire_lua},
-		[RL_SCRIPT_FAIR_RELEASE] = {"fair release", fair_release_lua},
-		[RL_SCRIPT_FAIR_DEQUEUE] = {"fair dequeue", fair_dequeue_lua},
-		[RL_SCRIPT_RW_READ_ACQUIRE] = {"read-write lock read acquire", rw_read_acquire_lua},
-		[RL_SCRIPT_RW_READ_RELEASE] = {"read-write lock read release", rw_read_release_lua},
-		[RL_SCRIPT_RW_READ_EXTEND] = {"read-write lock read extend", rw_read_extend_lua},
-		[RL_SCRIPT_RW_WRITE_ACQUIRE] = {"read-write lock write acquire", rw_write_acquire_lua},
-		[RL_SCRIPT_RW_WRITE_RELEASE] = {"read-write lock write release", rw_write_release_lua},
-		[RL_SCRIPT_RW_WRITE_EXTEND] = {"read-write lock write extend", rw_write_extend_lua},
-		[RL_SCRIPT_FORCE] = {"force release", force_lua},
-		[RL_SCRIPT_INSPECT] = {"inspect", inspect_lua},
-		[RL_SCRIPT_SIMPLE_ACQUIRE_MANY] = {"simple acquire many", simple_acquire_many_lua},
-		[RL_SCRIPT_REDISSON_ACQUIRE_MANY] = {"redisson acquire many", redisson_acquire_many_lua},
-		[RL_SCRIPT_SEM_ACQUIRE] = {"redisson semaphore acquire", sem_acquire_lua},
-		[RL_SCRIPT_SEM_RELEASE] = {"redisson semaphore release", sem_release_lua},
-		[RL_SCRIPT_SEM_EXTEND] = {"redisson semaphore extend", sem_extend_lua},
-		[RL_SCRIPT_SEM_STATUS] = {"redisson semaphore status", sem_status_lua},
-		[RL_SCRIPT_SEM_SETUP] = {"redisson semaphore set up", sem_setup_lua},
-		[RL_SCRIPT_NPM_ACQUIRE] = {"redis-semaphore acquire", npm_acquire_lua},
-		[RL_SCRIPT_NPM_RELEASE] = {"redis-semaphore release", npm_release_lua},
-		[RL_SCRIPT_NPM_EXTEND] = {"redis-semaphore extend", npm_extend_lua},
-		[RL_SCRIPT_NPM_STATUS] = {"redis-semaphore status", npm_status_lua},
-	};
-
-	memcpy(scripts, all, sizeof(scripts));
+	rl_lock_scripts_define(scripts);
+	rl_sem_scripts_define(scripts);
 }
 
 /*
