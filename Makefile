@@ -27,6 +27,7 @@ OBJS = \
 	src/wait/waitqueue.o src/wait/deadlock.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \
+	src/redis/lockscripts.o src/redis/semscripts.o \
 	src/redis/scriptfree.o src/redis/replies.o \
 	src/net/topology.o src/net/transport.o src/net/handshake.o \
 	src/net/connection.o src/net/owed.o src/net/pubsub.o \

@@ -19,7 +19,8 @@
 /* ----------------------------------------------------------------
  * From protocol_int:
  *	  What the files of the wire layouts share among themselves: protocol.c
- *	  (names, tokens), scripts.c, scriptfree.c and replies.c.  Nothing
+ *	  (names, tokens), scripts.c, lockscripts.c, semscripts.c, scriptfree.c
+ *	  and replies.c.  Nothing
  *	  outside them includes this; the rest of the extension uses
  *	  redis.h.
  * ----------------------------------------------------------------
@@ -56,7 +57,7 @@ typedef struct RLScript
 	char		sha[41];
 } RLScript;
 
-/* the Lua bodies of scripts.c's table, by family (lock or semaphore layouts) */
+/* lockscripts.c and semscripts.c: the Lua bodies of scripts.c's table */
 extern void rl_lock_scripts_define(RLScript *table);
 extern void rl_sem_scripts_define(RLScript *table);
 
