@@ -19,17 +19,21 @@ MODULE_big = redis_lock
 # (doc/architecture.md draws them).
 OBJS = \
 	src/interface/module.o src/interface/functions.o \
-	src/interface/semfunctions.o src/interface/fenceguard.o \
+	src/interface/statusfunctions.o src/interface/semfunctions.o \
+	src/interface/fenceguard.o \
 	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
 	src/lock/locklost.o \
 	src/wait/waitqueue.o src/wait/deadlock.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \
+	src/redis/lockscripts.o src/redis/semscripts.o \
 	src/redis/scriptfree.o src/redis/replies.o \
-	src/net/topology.o src/net/transport.o src/net/connection.o \
-	src/net/owed.o src/net/pubsub.o src/net/stream.o src/net/resolve.o \
-	src/base/settings.o src/base/stats.o
+	src/net/topology.o src/net/transport.o src/net/handshake.o \
+	src/net/connection.o src/net/owed.o src/net/pubsub.o \
+	src/net/stream.o src/net/tls.o src/net/resolve.o \
+	src/base/settings.o src/base/url.o src/base/passwordfile.o \
+	src/base/stats.o
 DATA = $(wildcard sql/redis_lock--*.sql)
 PGFILEDESC = "redis_lock - Redis locks shared between SQL and services"
 

@@ -14,13 +14,17 @@
 #include <unistd.h>
 
 #include "../src/net/stream.c"
+#include "../src/net/tls.c"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 extern void stub_arena_reset(void);
 
-/* what stream.c's connection code refers to; never called by this harness */
+/*
+ * what the connection code of stream.c and tls.c refers to; never called by
+ * this harness
+ */
 char	   *rl_tls_ca_file = NULL;
 char	   *rl_tls_cert_file = NULL;
 char	   *rl_tls_key_file = NULL;

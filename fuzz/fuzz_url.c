@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: rl_parse_url (src/base/settings.c) on arbitrary bytes, and
+ * libFuzzer target: rl_parse_url (src/base/url.c) on arbitrary bytes, and
  * the redis_lock.url check hook built on it.  Besides the sanitizers, every
  * accepted URL must give a well-formed endpoint; anything else aborts.
  *
@@ -9,6 +9,7 @@
  *	  fuzz/fuzz_url.c
  */
 #include "../src/base/settings.c"
+#include "../src/base/url.c"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,6 +14,7 @@
  *	  fuzz/fuzz_url_list.c
  */
 #include "../src/base/settings.c"
+#include "../src/base/url.c"
 #include "../src/net/topology.c"
 
 /* the hooks of redis_lock.nodes and redis_lock.sentinels */

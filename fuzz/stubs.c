@@ -1,7 +1,8 @@
 /*
- * Link-time stand-ins for the PostgreSQL backend symbols that src/base/settings.c
- * and src/net/topology.c use, so their parsers can run in a libFuzzer binary
- * without a server.  Memory goes to malloc (AddressSanitizer watches it);
+ * Link-time stand-ins for the PostgreSQL backend symbols that
+ * src/base/settings.c, src/base/url.c and src/net/topology.c use, so their
+ * parsers can run in a libFuzzer binary without a server.  Memory goes to
+ * malloc (AddressSanitizer watches it);
  * elog/ereport(ERROR) long-jumps to the innermost PG_TRY like the real
  * thing, and aborts when nobody catches it.  Anything that would talk to
  * Redis aborts: the parsers must never get there.
@@ -359,13 +360,6 @@ char *rl_call_problem(const RLCall *call) { abort(); }
 void rl_raise_call_error(RLCall *call) { abort(); }
 bool rl_reply_is_error(RLReply *r, const char *prefix) { abort(); }
 bool rl_reply_fits(const RLReply *r, const char *shape) { abort(); }
-
-/*
- * The password file (settings.c, rl_password_file_lookup): the harnesses
- * never name one, so opening it is never reached; these only link.
- */
-int OpenTransientFile(const char *fileName, int fileFlags) { errno = ENOENT; return -1; }
-int CloseTransientFile(int fd) { return 0; }
 
 int
 pg_strcasecmp(const char *s1, const char *s2)

@@ -2369,7 +2369,7 @@ def test_the_worker_signals_no_process_that_let_the_lost_lock_go(pg_stop_before_
 # under any protocol, any hash with one), with no TTL or owner-shape check:
 # another application's JSON string or hash went while redis_lock_status
 # called it no lock.  Force release now deletes exactly what status calls a
-# lock (one test: lock_owners in src/redis/scripts.c, rl_inspect_reply without
+# lock (one test: lock_owners in src/redis/lockscripts.c, rl_inspect_reply without
 # scripts) and refuses anything else with 42809, leaving it as it was.  Run
 # in both worlds above (scripts on Redis 7.0; none on Valkey 9.1) by a
 # superuser -- force release is not PUBLIC's -- under the default empty key

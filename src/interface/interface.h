@@ -2,9 +2,9 @@
  *
  * interface.h
  *	  The SQL interface: the module's entry point and hooks (module.c),
- *	  the SQL-callable functions (functions.c, semfunctions.c) and the fence
- *	  guard trigger (fenceguard.c).  What the files of this folder share;
- *	  no other subsystem includes it.
+ *	  the SQL-callable functions (functions.c, statusfunctions.c,
+ *	  semfunctions.c) and the fence guard trigger (fenceguard.c).  What the
+ *	  files of this folder share; no other subsystem includes it.
  *
  *	  Owns: argument checks and result shaping.  Must not: keep lock state
  *	  (lock/ does), or reach Redis but through lock/ and redis/'s operations
@@ -28,8 +28,9 @@
 /* ----------------------------------------------------------------
  * From functions_int:
  *	  What the files of SQL-callable functions share: argument checks and
- *	  result helpers (functions.c), used by the lock functions there and
- *	  the semaphore functions (semfunctions.c).  Nothing else includes it.
+ *	  result helpers (functions.c, statusfunctions.c), used by the lock
+ *	  functions, the status functions and the semaphore functions
+ *	  (semfunctions.c).  Nothing else includes it.
  * ----------------------------------------------------------------
  */
 extern char *rl_fn_arg_name(FunctionCallInfo fcinfo, int argno);

@@ -188,7 +188,7 @@ redis_semaphore_extend(PG_FUNCTION_ARGS)
 
 /*
  * The permit ids an entry's owner value names, as the scripts make them
- * (scripts.c): redisson_semaphore, 32 hex digits (Redisson shows its ids
+ * (semscripts.c): redisson_semaphore, 32 hex digits (Redisson shows its ids
  * so); redis_semaphore, "<owner>_<index>".
  */
 static Datum

@@ -2,9 +2,10 @@
  *
  * net.h
  *	  The network subsystem: host names to addresses (resolve.c), the
- *	  bytes of one connection with TLS and the RESP codec (stream.c), the
- *	  connection cache and latch waits (connection.c), pipelined round trips
- *	  (transport.c), calls sent without waiting (owed.c), subscriber
+ *	  bytes of one connection with TLS and the RESP codec (stream.c,
+ *	  tls.c), the connection cache and latch waits (connection.c),
+ *	  pipelined round trips and each connection's handshake (transport.c,
+ *	  handshake.c), calls sent without waiting (owed.c), subscriber
  *	  connections (pubsub.c), and where a key lives (topology.c).
  *
  *	  Owns: sockets, TLS sessions, hiredis readers and replies, the
@@ -106,7 +107,7 @@ extern bool rl_stream_has_partial_reply(const RLStream *s);
 /* ----------------------------------------------------------------
  * From transport:
  *	  Connections to Redis servers, round trips and pub/sub (connection.c,
- *	  transport.c, owed.c, pubsub.c).
+ *	  transport.c, handshake.c, owed.c, pubsub.c).
  * ----------------------------------------------------------------
  */
 /* A Redis reply, copied out of hiredis into palloc'd memory */

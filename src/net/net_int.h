@@ -21,9 +21,9 @@
  * From transport_int:
  *	  What the files of the transport share among themselves: a connection
  *	  (struct RLConn) and the replies it owes, latch waits on sockets, and
- *	  the helpers of connection.c and owed.c the others call.  Only
- *	  connection.c, owed.c, transport.c and pubsub.c include this; the rest
- *	  of the extension uses net.h.
+ *	  the helpers of connection.c and owed.c the others call.  Only the
+ *	  files of net/ include this (stream.c for its TLS part alone); the
+ *	  rest of the extension uses net.h.
  * ----------------------------------------------------------------
  */
 /* Most sockets one latch wait watches */
@@ -92,5 +92,20 @@ extern void rl_owed_fail_all(RLConn *conn, RLFailure failure, int errcode,
 extern bool rl_owed_drain(RLConn *conn, RLFailure *failure, char **reason);
 extern void rl_poll_conn(RLConn *conn, TimestampTz now);
 extern void rl_finish_owed(RLConn *conn, bool every);
+
+/* handshake.c: what a new connection sends first, and what it learns */
+extern int	rl_handshake_queue(RLConn *conn, bool run_asks, bool *probing);
+extern bool rl_handshake_refused(RLReply *r, RLFailure *failure, int *errcode);
+extern void rl_note_commands(RLConn *conn, RLReply *r);
+
+/*
+ * tls.c: the TLS context and the start of a session, for stream.c (which
+ * reads and writes through it).  OpenSSL's SSL is struct ssl_st.
+ */
+struct ssl_st;
+extern char *rl_tls_start(struct ssl_st **ssl, pgsocket sock,
+						  const RLEndpoint *ep);
+extern char *rl_tls_reason(struct ssl_st *ssl, const char *what);
+extern bool rl_tls_alert_received(void);
 
 #endif							/* RL_NET_INT_H */

@@ -2,9 +2,9 @@
  *
  * stream.c
  *	  Owns the bytes between this process and one Redis server: the socket
- *	  (non-blocking TCP connect, abortive close), TLS over it with OpenSSL
- *	  (the settings' CA, client certificate and verification mode, SNI,
- *	  TLS 1.2 or later), the queue of formatted commands not yet written,
+ *	  (non-blocking TCP connect, abortive close), TLS over it (its
+ *	  handshake, reads and writes; tls.c builds the context and starts the
+ *	  session), the queue of formatted commands not yet written,
  *	  and the hiredis reply reader the received bytes are fed to, with the
  *	  values and bytes of one reply bounded.  hiredis is used only as a
  *	  RESP codec, for its reader: commands are formatted here.
@@ -46,7 +46,7 @@
 #include "storage/latch.h"
 #include "utils/memutils.h"
 
-#include "net/net.h"
+#include "net/net_int.h"
 
 /*
  * The most one reply may hold.  hiredis keeps a reply whole until its last
@@ -194,178 +194,6 @@ static bool
 reader_has_bytes(const redisReader *r)
 {
 	return r->pos < r->len;
-}
-
-/* ----------------------------------------------------------------
- * TLS context, built from the settings and kept until they change
- * ----------------------------------------------------------------
- */
-static SSL_CTX *tls_ctx = NULL;
-static uint64 tls_ctx_generation = 0;
-
-/*
- * OpenSSL's reason for the last failure; for a failed handshake that
- * verified the server, the certificate check's reason first.
- */
-static char *
-tls_reason(SSL *ssl, const char *what)
-{
-	unsigned long e = ERR_get_error();
-	const char *reason = e != 0 ? ERR_reason_error_string(e) : NULL;
-	long		verify = X509_V_OK;
-
-	if (ssl != NULL && !SSL_is_init_finished(ssl) && rl_tls_verify != RL_TLS_VERIFY_NONE)
-		verify = SSL_get_verify_result(ssl);
-
-	ERR_clear_error();
-	if (verify != X509_V_OK)
-		return psprintf("%s: certificate verify failed: %s", what,
-						X509_verify_cert_error_string(verify));
-	if (reason != NULL)
-		return psprintf("%s: %s", what, reason);
-	if (e != 0)
-		return psprintf("%s: OpenSSL error %lu", what, e);
-	return psprintf("%s: %s", what, errno != 0 ? strerror(errno) : "connection closed");
-}
-
-/* Is OpenSSL's first queued error a fatal alert the server sent us? */
-static bool
-tls_alert_received(void)
-{
-	unsigned long e = ERR_peek_error();
-
-	/* OpenSSL reports a received alert as reason SSL_AD_REASON_OFFSET + alert */
-	return ERR_GET_LIB(e) == ERR_LIB_SSL && ERR_GET_REASON(e) >= SSL_AD_REASON_OFFSET;
-}
-
-/* libpq's rule: a private key readable by group or others is refused */
-static char *
-check_key_file(const char *path)
-{
-	struct stat st;
-
-	if (stat(path, &st) != 0)
-		return psprintf("could not access private key file \"%s\": %s", path, strerror(errno));
-	if (!S_ISREG(st.st_mode))
-		return psprintf("private key file \"%s\" is not a regular file", path);
-	/* root-owned keys may be group-readable (/etc/ssl/private, ssl-cert) */
-	if (st.st_uid == 0 ? (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)) :
-		(st.st_mode & (S_IRWXG | S_IRWXO)))
-		return psprintf("private key file \"%s\" is readable by group or others", path);
-	return NULL;
-}
-
-static int
-no_passphrase(char *buf, int size, int rwflag, void *userdata)
-{
-	return -1;
-}
-
-static SSL_CTX *
-tls_context(char **reason)
-{
-	SSL_CTX    *ctx;
-
-	if (tls_ctx != NULL && tls_ctx_generation == rl_settings_generation)
-		return tls_ctx;
-	if (tls_ctx != NULL)
-		SSL_CTX_free(tls_ctx);
-	tls_ctx = NULL;
-	ERR_clear_error();
-	ctx = SSL_CTX_new(TLS_client_method());
-	if (ctx == NULL)
-	{
-		*reason = tls_reason(NULL, "could not create a TLS context");
-		return NULL;
-	}
-	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
-	/* an encrypted key must fail, not prompt on the postmaster's terminal */
-	SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
-	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
-					 SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-	if (rl_tls_ca_file != NULL && rl_tls_ca_file[0] != '\0')
-	{
-		if (SSL_CTX_load_verify_locations(ctx, rl_tls_ca_file, NULL) != 1)
-		{
-			*reason = tls_reason(NULL, psprintf("could not load CA file \"%s\"", rl_tls_ca_file));
-			SSL_CTX_free(ctx);
-			return NULL;
-		}
-	}
-	else if (SSL_CTX_set_default_verify_paths(ctx) != 1)
-	{
-		*reason = tls_reason(NULL, "could not load the system's trusted CAs");
-		SSL_CTX_free(ctx);
-		return NULL;
-	}
-	if (rl_tls_cert_file != NULL && rl_tls_cert_file[0] != '\0')
-	{
-		const char *key = rl_tls_key_file != NULL && rl_tls_key_file[0] != '\0' ?
-			rl_tls_key_file : rl_tls_cert_file;
-
-		*reason = check_key_file(key);
-		if (*reason != NULL)
-		{
-			SSL_CTX_free(ctx);
-			return NULL;
-		}
-		if (SSL_CTX_use_certificate_chain_file(ctx, rl_tls_cert_file) != 1)
-		{
-			*reason = tls_reason(NULL, psprintf("could not load client certificate \"%s\"",
-												rl_tls_cert_file));
-			SSL_CTX_free(ctx);
-			return NULL;
-		}
-		if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
-			SSL_CTX_check_private_key(ctx) != 1)
-		{
-			*reason = tls_reason(NULL, psprintf("could not load private key \"%s\"", key));
-			SSL_CTX_free(ctx);
-			return NULL;
-		}
-	}
-	SSL_CTX_set_verify(ctx, rl_tls_verify == RL_TLS_VERIFY_NONE ?
-					   SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
-	tls_ctx = ctx;
-	tls_ctx_generation = rl_settings_generation;
-	return ctx;
-}
-
-static bool
-is_ip_literal(const char *host)
-{
-	unsigned char buf[sizeof(struct in6_addr)];
-
-	return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
-}
-
-/* A TLS session over the connected socket, not yet shaken hands */
-static char *
-tls_start(RLStream *s, const RLEndpoint *ep)
-{
-	char	   *reason = NULL;
-	SSL_CTX    *ctx = tls_context(&reason);
-	X509_VERIFY_PARAM *param;
-
-	if (ctx == NULL)
-		return reason;
-	s->ssl = SSL_new(ctx);
-	if (s->ssl == NULL || SSL_set_fd(s->ssl, s->sock) != 1)
-		return tls_reason(NULL, "could not start TLS");
-	SSL_set_connect_state(s->ssl);
-	param = SSL_get0_param(s->ssl);
-	if (!is_ip_literal(ep->host))
-		SSL_set_tlsext_host_name(s->ssl, ep->host);
-	if (rl_tls_verify == RL_TLS_VERIFY_FULL)
-	{
-		X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
-		if (is_ip_literal(ep->host) ?
-			X509_VERIFY_PARAM_set1_ip_asc(param, ep->host) != 1 :
-			X509_VERIFY_PARAM_set1_host(param, ep->host, 0) != 1)
-			return tls_reason(NULL, "could not set the host name to verify");
-	}
-	return NULL;
 }
 
 /* ----------------------------------------------------------------
@@ -531,7 +359,7 @@ stream_around(pgsocket sock, const RLEndpoint *ep, const RLAddr *rest, int nrest
 			why_text = pstrdup("out of memory in hiredis");
 		else if (ep->tls)
 		{
-			why_text = tls_start(s, ep);
+			why_text = rl_tls_start(&s->ssl, s->sock, ep);
 			why = RL_STREAM_FAIL_TLS;
 		}
 #ifdef USE_ASSERT_CHECKING
@@ -666,7 +494,7 @@ rl_stream_connect(RLStream *s, RLStreamFailure *failure, char **reason)
 			if (tls_would_block(s, ret) == RL_STREAM_WAIT)
 				return RL_STREAM_WAIT;
 			*failure = RL_STREAM_FAIL_TLS;
-			*reason = tls_reason(s->ssl, "TLS handshake failed");
+			*reason = rl_tls_reason(s->ssl, "TLS handshake failed");
 			return RL_STREAM_FAILED;
 		}
 		s->tls_connected = true;
@@ -802,7 +630,7 @@ rl_stream_write(RLStream *s, bool *progress, RLStreamFailure *failure, char **re
 				if (tls_would_block(s, (int) w) == RL_STREAM_WAIT)
 					return RL_STREAM_WAIT;
 				*failure = RL_STREAM_FAIL_IO;
-				*reason = tls_reason(s->ssl, "TLS write failed");
+				*reason = rl_tls_reason(s->ssl, "TLS write failed");
 				return RL_STREAM_FAILED;
 			}
 			/* the write went on: what it waited for is no longer wanted */
@@ -891,7 +719,7 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 					s->tls_read_wants = e == SSL_ERROR_WANT_WRITE ? WL_SOCKET_WRITEABLE : 0;
 					return RL_STREAM_DONE;
 				}
-				if (e == SSL_ERROR_SSL && !s->tls_got_data && tls_alert_received())
+				if (e == SSL_ERROR_SSL && !s->tls_got_data && rl_tls_alert_received())
 				{
 					/*
 					 * TLS 1.3: the client's side of the handshake ends
@@ -902,13 +730,13 @@ rl_stream_read(RLStream *s, RLStreamFailure *failure, char **reason)
 					 * with OpenSSL's text of the alert as the reason.
 					 */
 					*failure = RL_STREAM_FAIL_TLS;
-					*reason = tls_reason(s->ssl, "TLS handshake failed");
+					*reason = rl_tls_reason(s->ssl, "TLS handshake failed");
 					return RL_STREAM_FAILED;
 				}
 				*failure = e == SSL_ERROR_ZERO_RETURN ? RL_STREAM_FAIL_EOF : RL_STREAM_FAIL_IO;
 				*reason = e == SSL_ERROR_ZERO_RETURN ?
 					pstrdup("server closed the connection") :
-					tls_reason(s->ssl, "TLS read failed");
+					rl_tls_reason(s->ssl, "TLS read failed");
 				return RL_STREAM_FAILED;
 			}
 			/* data: a WANT_WRITE of an earlier read is stale */

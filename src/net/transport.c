@@ -2,9 +2,9 @@
  *
  * transport.c
  *	  Owns pipelined round trips (rl_run) over one or many connections at
- *	  once, with each connection's (re)connect and handshake (AUTH, SELECT,
- *	  CLIENT SETNAME, the probe of the commands it offers), and the resend
- *	  of a round whose cached connection turned out dead.
+ *	  once, with each connection's (re)connect, the replies to its handshake
+ *	  (which handshake.c queues and judges) read in the same round trip,
+ *	  and the resend of a round whose cached connection turned out dead.
  *
  *	  Every wait goes through a WaitEventSet on the process latch plus the
  *	  sockets, so query cancel, statement_timeout, backend termination and
@@ -38,10 +38,6 @@
 #include "utils/memutils.h"
 
 #include "net/net_int.h"
-
-/* Commands every handshake asks about (rl_probe_commands); 0: none */
-static const char *const *probe_names = NULL;
-static int	probe_n = 0;
 
 /* Per-run state of one connection */
 typedef struct RunConn
@@ -147,17 +143,12 @@ resolve_names(RunConn **need, int n, TimestampTz now)
 
 /*
  * Start a non-blocking connect and queue the handshake in front of whatever
- * the caller sends: the whole handshake costs no extra round trip.
+ * the caller sends.
  */
 static void
 start_connect(RunConn *rc, TimestampTz now)
 {
 	RLConn	   *conn = rc->conn;
-	const char *argv[4];
-	size_t		argvlen[4];
-	char		buf[64];
-	const char *password;
-	char	   *file_password;
 	RLStreamFailure failure;
 	char	   *reason;
 
@@ -184,194 +175,19 @@ start_connect(RunConn *rc, TimestampTz now)
 	conn->generation = rl_settings_generation;
 	rc->connecting = true;
 	rc->connect_deadline = address_deadline(rc, GetCurrentTimestamp());
-	rc->handshake = 0;
-
-	/*
-	 * Without a password from the settings (or the worker's target), the
-	 * password file's, read now: once per connection, by whichever process
-	 * connects.  Its copy is zeroed once the command is queued.
-	 */
-	password = conn->secret;
-	file_password = password[0] == '\0' ? rl_password_file_lookup(&conn->ep) : NULL;
-	if (file_password != NULL)
-		password = file_password;
-	if (password[0] != '\0' || conn->ep.user[0] != '\0')
-	{
-		int			argc = 0;
-
-		argv[argc] = "AUTH";
-		argvlen[argc++] = 4;
-		if (conn->ep.user[0] != '\0')
-		{
-			argv[argc] = conn->ep.user;
-			argvlen[argc++] = strlen(conn->ep.user);
-		}
-		argv[argc] = password;
-		argvlen[argc++] = strlen(password);
-		append_argv(rc, argc, argv, argvlen);
-		rc->handshake++;
-	}
-	if (file_password != NULL)
-	{
-		explicit_bzero(file_password, strlen(file_password));
-		pfree(file_password);
-	}
-	if (conn->ep.db != 0 && !conn->subscriber && !conn->ep.sentinel)
-	{
-		snprintf(buf, sizeof(buf), "%d", conn->ep.db);
-		argv[0] = "SELECT";
-		argvlen[0] = 6;
-		argv[1] = buf;
-		argvlen[1] = strlen(buf);
-		append_argv(rc, 2, argv, argvlen);
-		rc->handshake++;
-	}
-	snprintf(buf, sizeof(buf), "redis_lock:%d%s%s", MyProcPid,
-			 MyBackendType == B_BG_WORKER ? ":worker" : "",
-			 conn->subscriber ? ":sub" : "");
-	argv[0] = "CLIENT";
-	argvlen[0] = 6;
-	argv[1] = "SETNAME";
-	argvlen[1] = 7;
-	argv[2] = buf;
-	argvlen[2] = strlen(buf);
-	append_argv(rc, 3, argv, argvlen);
-	rc->handshake++;
-
-	/*
-	 * What the server offers, asked last (its reply is told apart by that),
-	 * unless the run itself starts with that question
-	 */
-	rc->probing = false;
-	if (probe_n > 0 && !conn->subscriber && !conn->ep.sentinel &&
-		!(rc->nsinks > 0 && rc->sinks[0]->probe))
-	{
-		const char *pargv[2 + RL_MAX_PROBED];
-		size_t		pargvlen[2 + RL_MAX_PROBED];
-		int			i;
-
-		pargv[0] = "COMMAND";
-		pargv[1] = "INFO";
-		for (i = 0; i < probe_n; i++)
-			pargv[2 + i] = probe_names[i];
-		for (i = 0; i < 2 + probe_n; i++)
-			pargvlen[i] = strlen(pargv[i]);
-		append_argv(rc, 2 + probe_n, pargv, pargvlen);
-		rc->handshake++;
-		rc->probing = true;
-	}
+	rc->handshake = rl_handshake_queue(conn, rc->nsinks > 0 && rc->sinks[0]->probe,
+									   &rc->probing);
 }
 
-/*
- * Remember what a COMMAND INFO probe answered about the server behind conn:
- * an array with one entry per name, nil for a command it does not know.
- */
-static void
-note_commands(RLConn *conn, RLReply *r)
-{
-	const char *refusal = NULL;
-	int			known = 0;
-
-	if (conn->commands_refusal != NULL)
-	{
-		pfree(conn->commands_refusal);
-		conn->commands_refusal = NULL;
-	}
-	if (r->type == REDIS_REPLY_ERROR)
-		refusal = r->str;
-	else if (!rl_reply_fits(r, "[?*]") || r->elements != (size_t) probe_n)
-		refusal = "unexpected reply to COMMAND INFO";
-	else
-	{
-		int			i;
-
-		/* a command's description, or nil (empty, older servers): unknown */
-		for (i = 0; i < probe_n; i++)
-			if (rl_reply_fits(r->element[i], "[? ?*]"))
-				known |= 1 << i;
-	}
-	if (refusal != NULL)
-	{
-		conn->commands = RL_COMMANDS_REFUSED;
-		conn->commands_refusal = MemoryContextStrdup(TopMemoryContext, refusal);
-	}
-	else
-		conn->commands = known;
-}
-
-/*
- * From now on, ask every new connection in its handshake which of these
- * commands its server knows (names must live for good; n = 0: stop asking).
- */
-void
-rl_probe_commands(const char *const *names, int n)
-{
-	Assert(n <= RL_MAX_PROBED);
-	probe_names = names;
-	probe_n = n;
-}
-
-/* Make call the probe question (COMMAND INFO of the probed names) for conn */
-void
-rl_call_probe(RLCall *call, RLConn *conn)
-{
-	int			i;
-
-	Assert(probe_n > 0);
-	rl_call_set(call, conn, 0, NULL, NULL);
-	rl_call_arg(call, "COMMAND", 7);
-	rl_call_arg(call, "INFO", 4);
-	for (i = 0; i < probe_n; i++)
-		rl_call_arg(call, probe_names[i], strlen(probe_names[i]));
-	call->probe = true;
-}
-
-/*
- * Which probed commands the server behind conn knows (bit i: names[i]), or
- * RL_COMMANDS_UNKNOWN, or RL_COMMANDS_REFUSED with *refusal set to why.
- * What a connection learnt holds while it lives: one that the next round
- * trip would not reuse (broken meanwhile -- the server restarted, maybe as
- * another version --, left mid-reply, or made under old settings) is
- * closed here, and knows nothing.
- */
-int
-rl_conn_commands(RLConn *conn, const char **refusal)
-{
-	if (conn->stream != NULL && !conn->subscriber && conn->nowed > 0)
-	{
-		rl_poll_conn(conn, GetCurrentTimestamp());
-		if (conn->generation != rl_settings_generation)
-			rl_finish_owed(conn, true);
-	}
-	if (conn->stream != NULL && !conn->subscriber &&
-		(conn->busy || conn->generation != rl_settings_generation ||
-		 rl_stream_has_unsent(conn->stream) ||
-		 (conn->nowed == 0 && rl_has_unasked_bytes(conn))))
-		rl_conn_close(conn);
-	if (refusal != NULL)
-		*refusal = conn->commands_refusal;
-	return conn->commands;
-}
-
-/* Check one handshake reply; the error never shows the password */
+/* Check one handshake reply: a refusal fails the run */
 static void
 check_handshake(RunConn *rc, RLReply *r)
 {
-	if (r->type != REDIS_REPLY_ERROR)
-		return;
-	if (strncmp(r->str, "WRONGPASS", 9) == 0 ||
-		strstr(r->str, "invalid password") != NULL ||
-		strstr(r->str, "invalid username-password") != NULL)
-		run_fail(rc, RL_FAIL_PASSWORD, ERRCODE_INVALID_PASSWORD, pstrdup(r->str));
-	else if (strncmp(r->str, "NOAUTH", 6) == 0)
-		run_fail(rc, RL_FAIL_NOAUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-				 pstrdup(r->str));
-	else if (strstr(r->str, "AUTH") != NULL)
-		run_fail(rc, RL_FAIL_AUTH, ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
-				 pstrdup(r->str));
-	else
-		run_fail(rc, RL_FAIL_SETUP, ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-				 pstrdup(r->str));
+	RLFailure	failure;
+	int			errcode;
+
+	if (rl_handshake_refused(r, &failure, &errcode))
+		run_fail(rc, failure, errcode, pstrdup(r->str));
 }
 
 /* A NOAUTH reply to a normal command also means our credentials are off */
@@ -432,7 +248,7 @@ drain_replies(RunConn *rc)
 			rc->handshake--;
 			/* the probe comes last; a refusal of it is only noted */
 			if (rc->handshake == 0 && rc->probing)
-				note_commands(rc->conn, r);
+				rl_note_commands(rc->conn, r);
 			else
 				check_handshake(rc, r);
 			continue;
@@ -468,7 +284,7 @@ drain_replies(RunConn *rc)
 				return;
 			}
 			if (call->probe)
-				note_commands(rc->conn, r);
+				rl_note_commands(rc->conn, r);
 			call->reply = r;
 			rc->next++;
 		}

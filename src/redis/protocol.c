@@ -491,7 +491,7 @@ mint_redisson_field(char *field, size_t size)
 
 /*
  * A semaphore holder's owner value, fresh for every call: the permits it
- * takes are named from it (scripts.c).  redisson_semaphore: 112 random bits
+ * takes are named from it (semscripts.c).  redisson_semaphore: 112 random bits
  * as 28 hex digits, each permit id those 14 bytes and a 2-byte index (16
  * raw bytes, as Redisson's ids are); redis_semaphore: a version 4 UUID as
  * crypto.randomUUID() makes them, each member "<uuid>_<index>", as the
@@ -554,7 +554,7 @@ rl_mint_owner(RLProtocol protocol, char *owner)
  * The owner forms redis_lock_status() reports (doc/reference.md,
  * "redis_lock_status"); a key in no such form is not taken for a lock, and
  * nothing of it is shown, nor deleted by a force release.  The inspect and
- * force-release scripts (scripts.c, lock_owners) make the same checks in
+ * force-release scripts (lockscripts.c, lock_owners) make the same checks in
  * Lua, so that a foreign value never leaves the server.
  */
 

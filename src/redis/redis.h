@@ -3,9 +3,9 @@
  * redis.h
  *	  The Redis operations subsystem: key and channel names, owner values
  *	  (protocol.c), the wire layouts' Lua scripts and their script-free forms
- *	  (scripts.c, scriptfree.c), decoding replies by declared shape
- *	  (replies.c), and one lock operation over every node of a target,
- *	  counted by majority (lockop.c).
+ *	  (scripts.c, lockscripts.c, semscripts.c, scriptfree.c), decoding
+ *	  replies by declared shape (replies.c), and one lock operation over
+ *	  every node of a target, counted by majority (lockop.c).
  *
  *	  Owns: what is sent for each operation and how each reply is read.
  *	  Must not: keep any lock's state between calls, or touch shared memory.
@@ -26,7 +26,7 @@
 /* ----------------------------------------------------------------
  * From protocol:
  *	  The wire layouts: scripts, names, owner tokens, replies (protocol.c,
- *	  scripts.c, scriptfree.c, replies.c).
+ *	  scripts.c, lockscripts.c, semscripts.c, scriptfree.c, replies.c).
  * ----------------------------------------------------------------
  */
 typedef enum RLScriptId

@@ -19,7 +19,8 @@
 /* ----------------------------------------------------------------
  * From protocol_int:
  *	  What the files of the wire layouts share among themselves: protocol.c
- *	  (names, tokens), scripts.c, scriptfree.c and replies.c.  Nothing
+ *	  (names, tokens), scripts.c, lockscripts.c, semscripts.c, scriptfree.c
+ *	  and replies.c.  Nothing
  *	  outside them includes this; the rest of the extension uses
  *	  redis.h.
  * ----------------------------------------------------------------
@@ -47,6 +48,18 @@ extern bool rl_is_lock_value(const char *s, size_t len);
 extern bool rl_is_holder_field(const char *s, size_t len, bool *writer);
 extern bool rl_is_hold_count(const char *s, size_t len);
 extern char *rl_name_counter_key(const RLLockNames *n);
+
+/* One script: its name for messages, its Lua body and their SHA1 */
+typedef struct RLScript
+{
+	const char *name;			/* for messages */
+	const char *body;
+	char		sha[41];
+} RLScript;
+
+/* lockscripts.c and semscripts.c: the Lua bodies of scripts.c's table */
+extern void rl_lock_scripts_define(RLScript *table);
+extern void rl_sem_scripts_define(RLScript *table);
 
 /* scriptfree.c: the script-free form of an operation */
 extern int	rl_free_unit(RLCall *unit, RLConn *conn, RLOpKind kind,

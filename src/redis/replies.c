@@ -30,7 +30,7 @@
 
 /* ----------------------------------------------------------------
  * The shapes each operation accepts (rl_reply_fits), from the scripts'
- * returns (scripts.c) and the script-free forms' commands (scriptfree.c)
+ * returns (lockscripts.c, semscripts.c) and the script-free forms' commands (scriptfree.c)
  * ----------------------------------------------------------------
  */
 /* {1, fence} | {0, pttl[, publishes]} | {-1, type} */
@@ -321,7 +321,7 @@ rl_inspect_reply_valid(const RLReply *r)
  * The holder fields of a hash that HRANDFIELD ... WITHVALUES answered
  * whole (fields and values in turn), as the inspect script makes them: a
  * writer's first; NULL when it is not a lock's hash in the form the script
- * takes (scripts.c, inspect).
+ * takes (lockscripts.c, inspect).
  */
 static RLReply *
 free_hash_holders(const RLReply *kv)
