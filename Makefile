@@ -18,7 +18,7 @@ MODULE_big = redis_lock
 # The objects, by subsystem, each calling only the ones listed after it
 # (doc/architecture.md draws them).
 OBJS = \
-	src/interface/module.o src/interface/functions.o \
+	src/interface/module.o src/interface/shmem.o src/interface/functions.o \
 	src/interface/semfunctions.o src/interface/fenceguard.o \
 	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \

@@ -172,7 +172,8 @@ typedef enum RLWaitKind
 	RL_WAIT_KIND_COUNT
 } RLWaitKind;
 
-extern void rl_stats_init(void);
+extern Size rl_stats_shmem_size(void);
+extern void rl_stats_shmem_init(void *area, bool found);
 extern void rl_stats_add(RLStatId id, uint64 n);
 extern void rl_stats_read(RLStats *out);
 extern uint32 rl_wait_event(RLWaitKind kind);

@@ -2,6 +2,7 @@
  *
  * interface.h
  *	  The SQL interface: the module's entry point and hooks (module.c),
+ *	  the extension's shared memory (shmem.c),
  *	  the SQL-callable functions (functions.c, semfunctions.c) and the fence
  *	  guard trigger (fenceguard.c).  What the files of this folder share;
  *	  no other subsystem includes it.
@@ -40,5 +41,13 @@ extern Interval *rl_fn_ms_to_interval(int64 ms);
 extern void rl_fn_materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts,
 							  TupleDesc *td);
 extern void rl_fn_check_scope(bool xact);
+
+/* ----------------------------------------------------------------
+ * From shmem:
+ *	  The extension's one shared-memory area and its hooks (shmem.c),
+ *	  set up from _PG_init (module.c).
+ * ----------------------------------------------------------------
+ */
+extern void rl_shmem_init(void);
 
 #endif							/* RL_INTERFACE_H */

@@ -122,20 +122,19 @@ typedef struct RLWaitSegment
  */
 typedef struct RLDeadlockShared
 {
-	LWLock	   *records_lock;	/* the records and next_seq */
-	LWLock	   *victim_lock;	/* held while a cycle is confirmed */
+	LWLock	   *records_lock;	/* the records and next_seq; no other lock of
+								 * the extension is taken while it is held */
+	LWLock	   *victim_lock;	/* held while a cycle is confirmed: first in
+								 * the extension's lock order, before the
+								 * registry lock, the records lock, and
+								 * PostgreSQL's ProcArrayLock and lock
+								 * manager locks (interface/shmem.c) */
 	uint64		next_seq;
 	int			nrecords;
 	RLWaitRecord records[FLEXIBLE_ARRAY_MEMBER];
 } RLDeadlockShared;
 
 static RLDeadlockShared *dl = NULL;
-static int	dl_capacity = 0;
-
-#if PG_VERSION_NUM >= 150000
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* This backend's wait */
 static bool waiting = false;
@@ -177,79 +176,31 @@ static uint64 quiet_print = 0;
  * ----------------------------------------------------------------
  */
 
-/* Processes that can run SQL (backends, autovacuum, bgworkers, walsenders) */
-static int
-max_sql_processes(void)
-{
-#if PG_VERSION_NUM >= 150000
-	return MaxBackends;
-#else
-	/* MaxBackends is not computed yet when _PG_init requests shared memory */
-	return MaxConnections + autovacuum_max_workers + 1 + max_worker_processes +
-		max_wal_senders;
-#endif
-}
-
-static Size
-deadlock_shared_size(void)
+/* Room for nrecords records in the extension's area (interface/shmem.c) */
+Size
+rl_deadlock_shmem_size(int nrecords)
 {
 	return add_size(offsetof(RLDeadlockShared, records),
-					mul_size(dl_capacity, sizeof(RLWaitRecord)));
+					mul_size(nrecords, sizeof(RLWaitRecord)));
 }
 
-/* shmem_request_hook: room for the records and two LWLocks */
-static void
-redis_lock_deadlock_shmem_request(void)
+/*
+ * The records at area, nrecords of them (one per process that can run
+ * SQL), with their two LWLocks: none used when just created (!found)
+ */
+void
+rl_deadlock_shmem_init(void *area, int nrecords, LWLock *records_lock,
+					   LWLock *victim_lock, bool found)
 {
-#if PG_VERSION_NUM >= 150000
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-#endif
-	dl_capacity = max_sql_processes();
-	RequestAddinShmemSpace(deadlock_shared_size());
-	RequestNamedLWLockTranche("redis_lock deadlock", 2);
-}
-
-/* shmem_startup_hook: create (no record used) or attach the records */
-static void
-redis_lock_deadlock_shmem_startup(void)
-{
-	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-	if (dl_capacity == 0)
-		dl_capacity = max_sql_processes();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	dl = ShmemInitStruct("redis_lock deadlock", deadlock_shared_size(), &found);
+	dl = (RLDeadlockShared *) area;
 	if (!found)
 	{
-		LWLockPadded *locks = GetNamedLWLockTranche("redis_lock deadlock");
-
-		memset(dl, 0, deadlock_shared_size());
-		dl->records_lock = &locks[0].lock;
-		dl->victim_lock = &locks[1].lock;
+		memset(dl, 0, rl_deadlock_shmem_size(nrecords));
+		dl->records_lock = records_lock;
+		dl->victim_lock = victim_lock;
 		dl->next_seq = 1;
-		dl->nrecords = dl_capacity;
+		dl->nrecords = nrecords;
 	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Called from _PG_init: the shared-memory hooks, only when preloading */
-void
-rl_deadlock_init(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-#if PG_VERSION_NUM >= 150000
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = redis_lock_deadlock_shmem_request;
-#else
-	redis_lock_deadlock_shmem_request();
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = redis_lock_deadlock_shmem_startup;
 }
 
 /* This backend's record, or NULL when it has none */

@@ -101,6 +101,12 @@ typedef struct RLRegistryHold
 
 extern bool rl_watchdog_enabled(void);
 extern void rl_watchdog_init(void);
+struct LWLock;
+
+extern Size rl_registry_shmem_size(void);
+extern Size rl_registry_hash_size(void);
+extern void rl_registry_shmem_init(void *area, struct LWLock *lock,
+								   bool found);
 extern int	rl_registry_add(const char *name, const RLLockNames *names,
 							RLTarget *target, int64 lease_ms);
 extern void rl_registry_update(int slot, const RLLockState *st, const char *owner,
