@@ -25,7 +25,7 @@
  *	  renewal, so a cycle the registry shows is confirmed before anyone is
  *	  failed for it: each of its holds in Redis, by the caller, in one round
  *	  trip (rl_deadlock_check_due hands them over, rl_deadlock_confirm
- *	  decides), then every edge again here (see confirm_cycle).  At most one
+ *	  decides), then every edge again here (see rl_dl_confirm_cycle).  At most one
  *	  member of a cycle fails: the first to confirm it.  Exists only with
  *	  shared_preload_libraries = 'redis_lock'.
  *
@@ -134,7 +134,7 @@ typedef struct RLDeadlockShared
 	RLWaitRecord records[FLEXIBLE_ARRAY_MEMBER];
 } RLDeadlockShared;
 
-static RLDeadlockShared *dl = NULL;
+RLDeadlockShared *rl_dl = NULL;
 
 /* This backend's wait */
 static bool waiting = false;
@@ -144,11 +144,11 @@ static TimestampTz next_check = 0;
 static int	recheck_ms = 0;
 static bool published = false;	/* my_record holds this wait */
 static RLWaitRecord *my_record = NULL;
-static RLWaitRecord mine;		/* what this wait published (also without a
+RLWaitRecord rl_dl_mine;		/* what this wait published (also without a
 								 * record of its own) */
-static RLWaitId *mine_keys = NULL;	/* every key of it (TopMemoryContext) */
+RLWaitId   *rl_dl_mine_keys = NULL;	/* every key of it (TopMemoryContext) */
 static int	mine_keys_cap = 0;
-static dsm_segment *mine_segment = NULL;	/* mine.more, attached */
+dsm_segment *rl_dl_mine_segment = NULL;	/* rl_dl_mine.more, attached */
 static bool callbacks_set = false;
 
 /*
@@ -192,14 +192,14 @@ void
 rl_deadlock_shmem_init(void *area, int nrecords, LWLock *records_lock,
 					   LWLock *victim_lock, bool found)
 {
-	dl = (RLDeadlockShared *) area;
+	rl_dl = (RLDeadlockShared *) area;
 	if (!found)
 	{
-		memset(dl, 0, rl_deadlock_shmem_size(nrecords));
-		dl->records_lock = records_lock;
-		dl->victim_lock = victim_lock;
-		dl->next_seq = 1;
-		dl->nrecords = nrecords;
+		memset(rl_dl, 0, rl_deadlock_shmem_size(nrecords));
+		rl_dl->records_lock = records_lock;
+		rl_dl->victim_lock = victim_lock;
+		rl_dl->next_seq = 1;
+		rl_dl->nrecords = nrecords;
 	}
 }
 
@@ -209,14 +209,14 @@ record_of_mine(void)
 {
 	int			procno;
 
-	if (dl == NULL || MyProc == NULL)
+	if (rl_dl == NULL || MyProc == NULL)
 		return NULL;
 #if PG_VERSION_NUM >= 170000
 	procno = MyProcNumber;
 #else
 	procno = MyProc->pgprocno;
 #endif
-	return procno >= 0 && procno < dl->nrecords ? &dl->records[procno] : NULL;
+	return procno >= 0 && procno < rl_dl->nrecords ? &rl_dl->records[procno] : NULL;
 }
 
 /* ----------------------------------------------------------------
@@ -260,16 +260,16 @@ make_segment(void)
 	RLWaitSegment *w;
 
 	seg = dsm_create(add_size(offsetof(RLWaitSegment, keys),
-							  mul_size(mine.nkeys, sizeof(RLWaitId))),
+							  mul_size(rl_dl_mine.nkeys, sizeof(RLWaitId))),
 					 DSM_CREATE_NULL_IF_MAXSEGMENTS);
 	if (seg == NULL)
 		return NULL;
 	dsm_pin_mapping(seg);
 	w = dsm_segment_address(seg);
 	w->pid = MyProcPid;
-	w->nkeys = mine.nkeys;
+	w->nkeys = rl_dl_mine.nkeys;
 	w->seq = 0;
-	memcpy(w->keys, mine_keys, sizeof(RLWaitId) * mine.nkeys);
+	memcpy(w->keys, rl_dl_mine_keys, sizeof(RLWaitId) * rl_dl_mine.nkeys);
 	return seg;
 }
 
@@ -296,36 +296,36 @@ publish(void)
 	{
 		int			cap = Max(wait_nkeys, 2 * mine_keys_cap);
 
-		mine_keys = mine_keys == NULL ?
+		rl_dl_mine_keys = rl_dl_mine_keys == NULL ?
 			MemoryContextAlloc(TopMemoryContext, sizeof(RLWaitId) * cap) :
-			repalloc(mine_keys, sizeof(RLWaitId) * cap);
+			repalloc(rl_dl_mine_keys, sizeof(RLWaitId) * cap);
 		mine_keys_cap = cap;
 	}
-	mine.pid = MyProcPid;
-	mine.nkeys = wait_nkeys;
-	for (i = 0; i < mine.nkeys; i++)
+	rl_dl_mine.pid = MyProcPid;
+	rl_dl_mine.nkeys = wait_nkeys;
+	for (i = 0; i < rl_dl_mine.nkeys; i++)
 	{
-		mine_keys[i].id = rl_registry_key_id(wait_keys[i].target_spec,
+		rl_dl_mine_keys[i].id = rl_registry_key_id(wait_keys[i].target_spec,
 											 wait_keys[i].key);
-		mine_keys[i].protocol = wait_keys[i].protocol;
+		rl_dl_mine_keys[i].protocol = wait_keys[i].protocol;
 	}
-	memcpy(mine.keys, mine_keys,
-		   sizeof(RLWaitId) * Min(mine.nkeys, RL_DEADLOCK_INLINE_KEYS));
+	memcpy(rl_dl_mine.keys, rl_dl_mine_keys,
+		   sizeof(RLWaitId) * Min(rl_dl_mine.nkeys, RL_DEADLOCK_INLINE_KEYS));
 	my_record = record_of_mine();
-	if (my_record != NULL && mine.nkeys > RL_DEADLOCK_INLINE_KEYS)
+	if (my_record != NULL && rl_dl_mine.nkeys > RL_DEADLOCK_INLINE_KEYS)
 		seg = make_segment();
-	mine.more = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
-	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
-	mine.seq = dl->next_seq++;
+	rl_dl_mine.more = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
+	LWLockAcquire(rl_dl->records_lock, LW_EXCLUSIVE);
+	rl_dl_mine.seq = rl_dl->next_seq++;
 	if (seg != NULL)
-		((RLWaitSegment *) dsm_segment_address(seg))->seq = mine.seq;
+		((RLWaitSegment *) dsm_segment_address(seg))->seq = rl_dl_mine.seq;
 	if (my_record != NULL)
-		*my_record = mine;
-	LWLockRelease(dl->records_lock);
+		*my_record = rl_dl_mine;
+	LWLockRelease(rl_dl->records_lock);
 	published = true;
 	/* the last publication's segment, which no record names any more */
-	old_seg = mine_segment;
-	mine_segment = seg;
+	old_seg = rl_dl_mine_segment;
+	rl_dl_mine_segment = seg;
 	if (old_seg != NULL)
 		dsm_detach(old_seg);
 }
@@ -339,21 +339,21 @@ withdraw_record(void)
 	published = false;
 	if (my_record == NULL)
 		return;
-	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
+	LWLockAcquire(rl_dl->records_lock, LW_EXCLUSIVE);
 	my_record->pid = 0;
 	my_record->nkeys = 0;
 	my_record->more = DSM_HANDLE_INVALID;
-	LWLockRelease(dl->records_lock);
+	LWLockRelease(rl_dl->records_lock);
 }
 
 /* Withdraw this backend's record and its segment; never raises */
 static void
 withdraw(void)
 {
-	dsm_segment *seg = mine_segment;
+	dsm_segment *seg = rl_dl_mine_segment;
 
 	withdraw_record();
-	mine_segment = NULL;
+	rl_dl_mine_segment = NULL;
 	/* a check reading it meanwhile keeps it until it detaches */
 	if (seg != NULL)
 		dsm_detach(seg);
@@ -385,7 +385,7 @@ void
 rl_deadlock_wait_begin(const RLWaitKey *keys, int nkeys)
 {
 	rl_deadlock_wait_end();
-	if (dl == NULL || nkeys <= 0)
+	if (rl_dl == NULL || nkeys <= 0)
 		return;
 	waiting = true;
 	wait_keys = keys;
@@ -486,6 +486,24 @@ struct Check
 	int			followed;		/* processes whose waits were looked at */
 };
 
+/* What this backend's wait published, and the records (deadlock.c) */
+extern RLDeadlockShared *rl_dl;
+extern RLWaitRecord rl_dl_mine;
+extern RLWaitId *rl_dl_mine_keys;
+extern dsm_segment *rl_dl_mine_segment;
+
+/* The wait-for graph: the others' waits, the search, the cycle found */
+extern uint64 rl_dl_scan_procs(Check *c, int *blocked);
+extern uint64 rl_dl_snapshot_waiters(Check *c, uint64 print);
+extern void rl_dl_read_segments(Check *c);
+extern RLRegistryHold *rl_dl_holds_of(const uint64 *ids, int nids,
+									  const int *pids, int npids,
+									  int *nholds);
+extern int	rl_dl_sort_unique(uint64 *ids, int n);
+extern bool rl_dl_search(Check *c);
+extern bool rl_dl_confirm_cycle(Check *c);
+extern void rl_dl_describe_cycle(Check *c, char **client_out, char **log_out);
+
 static int
 pid_cmp(const void *a, const void *b)
 {
@@ -580,14 +598,14 @@ blocking_pids(int pid, int *n)
  * *blocked counts them.  Reads PGPROCs without their locks: a wait that
  * begins meanwhile changes the next fingerprint.
  */
-static uint64
-scan_procs(Check *c, int *blocked)
+uint64
+rl_dl_scan_procs(Check *c, int *blocked)
 {
 	uint64		print = 0;
 	uint32		i;
 
 	*blocked = 0;
-	c->waiting = palloc(sizeof(int) * (2 * ProcGlobal->allProcCount + dl->nrecords + 1));
+	c->waiting = palloc(sizeof(int) * (2 * ProcGlobal->allProcCount + rl_dl->nrecords + 1));
 	c->waiting[c->nwaiting++] = MyProcPid;
 	for (i = 0; i < ProcGlobal->allProcCount; i++)
 	{
@@ -623,23 +641,23 @@ scan_procs(Check *c, int *blocked)
 }
 
 /* Copy the other backends' records, sorted by pid, folding in their seqs */
-static uint64
-snapshot_waiters(Check *c, uint64 print)
+uint64
+rl_dl_snapshot_waiters(Check *c, uint64 print)
 {
-	Waiter	   *w = palloc(sizeof(Waiter) * Max(dl->nrecords, 1));
+	Waiter	   *w = palloc(sizeof(Waiter) * Max(rl_dl->nrecords, 1));
 	int			n = 0;
 	int			i;
 
-	LWLockAcquire(dl->records_lock, LW_SHARED);
-	for (i = 0; i < dl->nrecords; i++)
+	LWLockAcquire(rl_dl->records_lock, LW_SHARED);
+	for (i = 0; i < rl_dl->nrecords; i++)
 	{
-		if (dl->records[i].pid == 0 || dl->records[i].pid == MyProcPid)
+		if (rl_dl->records[i].pid == 0 || rl_dl->records[i].pid == MyProcPid)
 			continue;
-		w[n].r = dl->records[i];
+		w[n].r = rl_dl->records[i];
 		w[n].record = i;
 		n++;
 	}
-	LWLockRelease(dl->records_lock);
+	LWLockRelease(rl_dl->records_lock);
 	qsort(w, n, sizeof(Waiter), pid_cmp);
 	for (i = 0; i < n; i++)
 	{
@@ -660,8 +678,8 @@ snapshot_waiters(Check *c, uint64 print)
  * will not match at the confirmation), or one that is not this
  * publication's, leaves the record's keys alone.
  */
-static void
-read_segments(Check *c)
+void
+rl_dl_read_segments(Check *c)
 {
 	int			i;
 
@@ -673,7 +691,7 @@ read_segments(Check *c)
 		Size		need;
 
 		if (w->r.nkeys <= RL_DEADLOCK_INLINE_KEYS || w->r.more == DSM_HANDLE_INVALID ||
-			(mine_segment != NULL && w->r.more == dsm_segment_handle(mine_segment)))
+			(rl_dl_mine_segment != NULL && w->r.more == dsm_segment_handle(rl_dl_mine_segment)))
 			continue;
 		seg = dsm_attach(w->r.more);
 		if (seg == NULL)
@@ -707,8 +725,9 @@ find_waiter(Check *c, int pid)
  * unique) by the given backends (sorted, unique): the registry's one pass,
  * again with more room if it was short.
  */
-static RLRegistryHold *
-holds_of(const uint64 *ids, int nids, const int *pids, int npids, int *nholds)
+RLRegistryHold *
+rl_dl_holds_of(const uint64 *ids, int nids, const int *pids, int npids,
+			   int *nholds)
 {
 	int			cap = 16;
 	RLRegistryHold *holds = palloc(sizeof(RLRegistryHold) * cap);
@@ -725,8 +744,8 @@ holds_of(const uint64 *ids, int nids, const int *pids, int npids, int *nholds)
 }
 
 /* Sort ids and drop duplicates; returns how many remain */
-static int
-sort_unique(uint64 *ids, int n)
+int
+rl_dl_sort_unique(uint64 *ids, int n)
 {
 	int			m = 0;
 	int			i;
@@ -801,8 +820,8 @@ push(Check *c, int pid)
 	{
 		node->redis = true;
 		node->record = -1;
-		node->seq = mine.seq;
-		redis_edges(c, node, mine_keys, mine.nkeys);
+		node->seq = rl_dl_mine.seq;
+		redis_edges(c, node, rl_dl_mine_keys, rl_dl_mine.nkeys);
 	}
 	else if ((w = find_waiter(c, pid)) != NULL)
 	{
@@ -841,8 +860,8 @@ push(Check *c, int pid)
  * taken.  Each process is looked at once (at most one pg_blocking_pids()
  * call each).
  */
-static bool
-search(Check *c)
+bool
+rl_dl_search(Check *c)
 {
 	HASHCTL		ctl;
 	bool		found;
@@ -898,8 +917,8 @@ search(Check *c)
  * Another member of the cycle that confirms it after us finds our record
  * withdrawn, so it does not fail too.
  */
-static bool
-confirm_cycle(Check *c)
+bool
+rl_dl_confirm_cycle(Check *c)
 {
 	uint64	   *ids = palloc(sizeof(uint64) * Max(c->depth, 1));
 	int		   *pids = palloc(sizeof(int) * Max(c->depth, 1));
@@ -916,7 +935,7 @@ confirm_cycle(Check *c)
 			pids[nids] = c->path[i].edges[c->path[i].next - 1].pid;
 			ids[nids++] = c->path[i].edges[c->path[i].next - 1].key_id;
 		}
-	holds = holds_of(ids, sort_unique(ids, nids), pids,
+	holds = rl_dl_holds_of(ids, rl_dl_sort_unique(ids, nids), pids,
 					 sort_unique_pids(pids, nids), &nholds);
 	for (i = 0; i < c->depth && ok; i++)
 	{
@@ -948,16 +967,16 @@ confirm_cycle(Check *c)
 	}
 	if (ok)
 	{
-		LWLockAcquire(dl->records_lock, LW_SHARED);
+		LWLockAcquire(rl_dl->records_lock, LW_SHARED);
 		for (i = 0; i < c->depth && ok; i++)
 		{
 			Step	   *n = &c->path[i];
 
 			if (n->redis && n->record >= 0)
-				ok = dl->records[n->record].pid == n->pid &&
-					dl->records[n->record].seq == n->seq;
+				ok = rl_dl->records[n->record].pid == n->pid &&
+					rl_dl->records[n->record].seq == n->seq;
 		}
-		LWLockRelease(dl->records_lock);
+		LWLockRelease(rl_dl->records_lock);
 	}
 	return ok;
 }
@@ -1005,8 +1024,8 @@ describe_pg_wait(int pid)
  * same plus each process's query for the server log (*log), allocated in
  * the current memory context.
  */
-static void
-describe_cycle(Check *c, char **client_out, char **log_out)
+void
+rl_dl_describe_cycle(Check *c, char **client_out, char **log_out)
 {
 	StringInfoData client;
 	StringInfoData log;
@@ -1113,8 +1132,8 @@ run_check(void)
 								ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
 	c = palloc0(sizeof(Check));
-	print = scan_procs(c, &blocked);
-	print = snapshot_waiters(c, print);
+	print = rl_dl_scan_procs(c, &blocked);
+	print = rl_dl_snapshot_waiters(c, print);
 	if (quiet_valid && print == quiet_print)
 	{
 		ereport(DEBUG1,
@@ -1129,23 +1148,23 @@ run_check(void)
 								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
-	read_segments(c);
+	rl_dl_read_segments(c);
 
 	/* the holds of every lock a wait waits for, in one pass */
-	nids = mine.nkeys;
+	nids = rl_dl_mine.nkeys;
 	for (i = 0; i < c->nwaiters; i++)
 		nids += c->waiters[i].nkeys;
 	ids = palloc(sizeof(uint64) * (nids + 1));
 	nids = 0;
-	for (k = 0; k < mine.nkeys; k++)
-		ids[nids++] = mine_keys[k].id;
+	for (k = 0; k < rl_dl_mine.nkeys; k++)
+		ids[nids++] = rl_dl_mine_keys[k].id;
 	for (i = 0; i < c->nwaiters; i++)
 		for (k = 0; k < c->waiters[i].nkeys; k++)
 			ids[nids++] = c->waiters[i].keys[k].id;
-	nids = sort_unique(ids, nids);
-	c->holds = holds_of(ids, nids, c->waiting, c->nwaiting, &c->nholds);
+	nids = rl_dl_sort_unique(ids, nids);
+	c->holds = rl_dl_holds_of(ids, nids, c->waiting, c->nwaiting, &c->nholds);
 
-	if (!search(c))
+	if (!rl_dl_search(c))
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("redis_lock deadlock check: no cycle; %d other process(es) waiting, %d Redis hold(s) of %d lock(s) waited for, %d process(es) followed, %ld us",
@@ -1222,7 +1241,7 @@ rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds, int *nholds)
 /*
  * Decide the cycle the last rl_deadlock_check_due found, once the caller
  * has asked Redis about its holds: when Redis has every one and the cycle
- * still holds here (confirm_cycle), fail this backend's wait with 40P01, as
+ * still holds here (rl_dl_confirm_cycle), fail this backend's wait with 40P01, as
  * PostgreSQL's own detector does; otherwise the wait goes on.  No-op when
  * no cycle is pending.
  */
@@ -1262,11 +1281,11 @@ rl_deadlock_confirm(void)
 	}
 	else
 	{
-		LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
-		confirmed = confirm_cycle(c);
+		LWLockAcquire(rl_dl->victim_lock, LW_EXCLUSIVE);
+		confirmed = rl_dl_confirm_cycle(c);
 		if (confirmed)
 			withdraw_record();	/* gone before the next member looks */
-		LWLockRelease(dl->victim_lock);
+		LWLockRelease(rl_dl->victim_lock);
 		if (!confirmed)
 			ereport(DEBUG1,
 					(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
@@ -1274,7 +1293,7 @@ rl_deadlock_confirm(void)
 	}
 	MemoryContextSwitchTo(old);
 	if (confirmed)
-		describe_cycle(c, &client, &log);
+		rl_dl_describe_cycle(c, &client, &log);
 	/* the round trip took its time: the next check is deadlock_timeout away */
 	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
 	quiet_valid = false;
