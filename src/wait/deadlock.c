@@ -29,6 +29,13 @@
  *	  member of a cycle fails: the first to confirm it.  Exists only with
  *	  shared_preload_libraries = 'redis_lock'.
  *
+ *	  This file owns each backend's wait: its record and segment, their
+ *	  publication and withdrawal, when a check is due, and the decision on
+ *	  a cycle found (rl_deadlock_confirm, with its 40P01).  The wait-for
+ *	  graph -- the snapshot of the others' waits and of the holds, the
+ *	  search, the confirmation of a cycle's edges here and its description
+ *	  -- is deadlock_graph.c's.
+ *
  *	  Must not: talk to Redis, hold an LWLock across an ERROR of its own,
  *	  raise where interrupts are held, report a cycle whose holds Redis did
  *	  not confirm, or leave a wait published after the wait (its end,

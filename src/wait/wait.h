@@ -3,7 +3,8 @@
  * wait.h
  *	  The waiting subsystem: server-local queues of backends waiting for
  *	  the same lock (waitqueue.c) and deadlocks through Redis locks and
- *	  PostgreSQL locks (deadlock.c).
+ *	  PostgreSQL locks (deadlock.c, deadlock_graph.c; what these two share
+ *	  is wait_int.h).
  *
  *	  Owns: the wait queues and published waits in shared memory.  Must not:
  *	  send to Redis itself (a confirmation is asked by the caller).
