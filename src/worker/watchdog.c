@@ -264,11 +264,22 @@ typedef struct SlotRetry
  * machine would otherwise time out and move between lanes (renewals late).
  * Set by run_job_groups.
  */
-static bool prompt_bound = true;
+bool		rl_wd_prompt_bound = true;
 
-static RLLane my_lane = RL_LANE_PROMPT;
-static SlotRetry *retries = NULL;
+RLLane		rl_wd_lane = RL_LANE_PROMPT;
+SlotRetry  *rl_wd_retries = NULL;
 static TimestampTz late_logged_at = 0;
+
+/* What the cycle (watchdog.c) and the jobs (watchjobs.c) share */
+extern RLLane rl_wd_lane;
+extern bool rl_wd_prompt_bound;
+extern SlotRetry *rl_wd_retries;
+extern bool rl_wd_has_failed(int slot, uint32 generation);
+extern bool rl_wd_not_yet(int slot, uint32 generation, TimestampTz now);
+extern void rl_wd_note_outcome(Job *j, bool failed, TimestampTz now);
+extern int	rl_wd_run_round(Job *jobs, int n, RLTarget *t,
+							RLSharedTarget *target, PassStats *ps,
+							char **problem, MemoryContext problem_cxt);
 
 /* The longest back-off for a lease: well below lease/3, the renewal period */
 static long
@@ -277,23 +288,25 @@ retry_cap(int64 lease_ms)
 	return (long) Max(10, Min(RETRY_MAX_MS, lease_ms / 12));
 }
 
-static bool
-has_failed(int slot, uint32 generation)
+bool
+rl_wd_has_failed(int slot, uint32 generation)
 {
-	return retries[slot].generation == generation && retries[slot].failures > 0;
+	return rl_wd_retries[slot].generation == generation &&
+		rl_wd_retries[slot].failures > 0;
 }
 
 /* Is the slot's next attempt scheduled after now (back-off or watch)? */
-static bool
-not_yet(int slot, uint32 generation, TimestampTz now)
+bool
+rl_wd_not_yet(int slot, uint32 generation, TimestampTz now)
 {
-	return retries[slot].generation == generation && retries[slot].retry_at > now;
+	return rl_wd_retries[slot].generation == generation &&
+		rl_wd_retries[slot].retry_at > now;
 }
 
 static SlotRetry *
 slot_retry(Job *j)
 {
-	SlotRetry  *r = &retries[j->slot];
+	SlotRetry  *r = &rl_wd_retries[j->slot];
 
 	if (r->generation != j->generation)
 	{
@@ -303,8 +316,8 @@ slot_retry(Job *j)
 	return r;
 }
 
-static void
-note_outcome(Job *j, bool failed, TimestampTz now)
+void
+rl_wd_note_outcome(Job *j, bool failed, TimestampTz now)
 {
 	SlotRetry  *r = slot_retry(j);
 
@@ -397,12 +410,12 @@ redis_lock_worker_on_shmem_exit(int code, Datum arg)
 	/* a FATAL (out of memory) may have come while the registry was locked */
 	LWLockReleaseAll();
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	if (rl_shared->worker_latch[my_lane] == MyLatch)
-		rl_shared->worker_latch[my_lane] = NULL;
+	if (rl_shared->worker_latch[rl_wd_lane] == MyLatch)
+		rl_shared->worker_latch[rl_wd_lane] = NULL;
 	prompt = rl_shared->worker_latch[RL_LANE_PROMPT];
 	LWLockRelease(rl_shared->lock);
 	/* the slow lane's targets are the prompt lane's until we are back */
-	if (my_lane == RL_LANE_SLOW && prompt != NULL)
+	if (rl_wd_lane == RL_LANE_SLOW && prompt != NULL)
 		SetLatch(prompt);
 }
 
@@ -462,7 +475,7 @@ note_target(int tidx, const char *spec, int nfailed, long slowest_ms,
 		LWLockRelease(rl_shared->lock);
 		return;
 	}
-	lane = (nfailed > 0 || (prompt_bound && slowest_ms > RL_PROMPT_WAIT_MS)) ?
+	lane = (nfailed > 0 || (rl_wd_prompt_bound && slowest_ms > RL_PROMPT_WAIT_MS)) ?
 		RL_LANE_SLOW : RL_LANE_PROMPT;
 	if (st->lane != lane)
 	{
@@ -583,7 +596,7 @@ mark_jobs_in_flight(Job *jobs, int n)
 			s->in_flight == 0)
 		{
 			/* its backend waits for this before acting on it again */
-			s->in_flight = 1 + my_lane;
+			s->in_flight = 1 + rl_wd_lane;
 			s->check_now = false;
 			jobs[m++] = jobs[k];
 		}
@@ -824,7 +837,7 @@ report_gave_up(Job *j, RLLockOp *op)
 			(errcode(rl_error_reply_sqlstate(c->reply)),
 			 errmsg("redis_lock watchdog gave up releasing Redis lock \"%s\" at %s: Redis refused it %d time(s) until its lease had run out",
 					j->key + j->name_off, rl_conn_label(c->conn),
-					retries[j->slot].refusals),
+					rl_wd_retries[j->slot].refusals),
 			 errdetail_internal("%s", rl_call_problem(c)),
 			 errhint("Check the permissions of the Redis user redis_lock connects as.")));
 }
@@ -868,7 +881,7 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 		 * freed and allocated again meanwhile starts without it, and the
 		 * other lane may have taken it since)
 		 */
-		if (s->in_flight == 1 + my_lane)
+		if (s->in_flight == 1 + rl_wd_lane)
 			s->in_flight = 0;
 		if (f < 0 && !refused[k])
 		{
@@ -885,7 +898,7 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
 		if (refused[k])
 			note_refused(j, now);
 		else if (j->kind == JOB_RENEW || !j->late_grant || f < 0)
-			note_outcome(j, f < 0, now);
+			rl_wd_note_outcome(j, f < 0, now);
 		if (j->kind == JOB_RENEW)
 			apply_renewal(j, s, op, f, sent, now, ps);
 		else
@@ -910,9 +923,9 @@ apply_round(Job *jobs, RLLockOp *ops, int n, TimestampTz sent, PassStats *ps,
  * many ops failed; *problem gets (in problem_cxt) what went wrong with the
  * first failed op, if it has nothing yet.
  */
-static int
-run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
-		  PassStats *ps, char **problem, MemoryContext problem_cxt)
+int
+rl_wd_run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
+				PassStats *ps, char **problem, MemoryContext problem_cxt)
 {
 	RLLockOp   *ops;
 	TimestampTz sent;
@@ -928,7 +941,7 @@ run_round(Job *jobs, int n, RLTarget *t, RLSharedTarget *target,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
 	saved_connect_ms = rl_connect_timeout_ms;
 	saved_command_ms = rl_command_timeout_ms;
-	if (target->lane == RL_LANE_PROMPT && prompt_bound)
+	if (target->lane == RL_LANE_PROMPT && rl_wd_prompt_bound)
 	{
 		/* not the settings: the worker's own bound, for this round only */
 		rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_PROMPT_WAIT_MS);
@@ -979,13 +992,13 @@ run_target(Job *jobs, int n, int tidx, RLSharedTarget *target, PassStats *ps)
 			int			k;
 
 			for (k = b; k < b + m; k++)
-				note_outcome(&jobs[k], true, now);
+				rl_wd_note_outcome(&jobs[k], true, now);
 			nfailed += m;
 			continue;
 		}
 		MemoryContextSwitchTo(round_cxt);
 		start = GetCurrentTimestamp();
-		f = run_round(jobs + b, m, t, target, ps, &problem, cycle_cxt);
+		f = rl_wd_run_round(jobs + b, m, t, target, ps, &problem, cycle_cxt);
 		slowest_ms = Max(slowest_ms,
 						 (long) ((GetCurrentTimestamp() - start) / 1000));
 		MemoryContextSwitchTo(cycle_cxt);
@@ -1106,7 +1119,7 @@ slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
 	if (s->state == SLOT_FREE)
 		return false;
 	/* the other lane's worker serves its target */
-	if (rl_serving_lane(&rl_shared->targets[s->target]) != my_lane)
+	if (rl_serving_lane(&rl_shared->targets[s->target]) != rl_wd_lane)
 		return false;
 	/* a backend's slots often come in runs: ask the cache less */
 	if (s->st.pid != scan->last_pid)
@@ -1144,9 +1157,9 @@ slot_due(CycleScan *scan, RLSlot *s, int i, JobKind *kind, TimestampTz *due)
 	}
 	else
 		return false;
-	if (not_yet(i, s->generation, scan->start))
+	if (rl_wd_not_yet(i, s->generation, scan->start))
 	{
-		scan->next_due = Min(scan->next_due, retries[i].retry_at);
+		scan->next_due = Min(scan->next_due, rl_wd_retries[i].retry_at);
 		return false;
 	}
 	return true;
@@ -1180,7 +1193,7 @@ add_job(CycleScan *scan, RLSlot *s, int i, JobKind kind, TimestampTz due)
 	j->late_grant = s->late_grant;
 	j->lost_now = false;
 	j->name_off = s->name_off;
-	j->retry = has_failed(i, s->generation);
+	j->retry = rl_wd_has_failed(i, s->generation);
 	j->failing = rl_shared->targets[s->target].failing;
 }
 
@@ -1256,7 +1269,7 @@ run_job_groups(Job *jobs, int ntaken, RLSharedTarget *targets, PassStats *ps)
 
 	for (g = 0; g < RL_MAX_TARGETS; g++)
 		inuse += targets[g].refs > 0 ? 1 : 0;
-	prompt_bound = inuse > 1;
+	rl_wd_prompt_bound = inuse > 1;
 
 	if (ntaken > 1)
 		qsort(jobs, ntaken, sizeof(Job), job_cmp);
@@ -1337,7 +1350,7 @@ rl_watchdog_main(Datum arg)
 {
 	MemoryContext cxt;
 
-	my_lane = (RLLane) DatumGetInt32(arg);
+	rl_wd_lane = (RLLane) DatumGetInt32(arg);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
@@ -1345,21 +1358,21 @@ rl_watchdog_main(Datum arg)
 	rl_held_work_to_worker = false;
 
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	rl_shared->worker_latch[my_lane] = MyLatch;
+	rl_shared->worker_latch[rl_wd_lane] = MyLatch;
 	/* a predecessor that died in a round left its commands marked */
 	for (int i = 0; i < rl_shared->nslots; i++)
-		if (rl_shared->slots[i].in_flight == 1 + my_lane)
+		if (rl_shared->slots[i].in_flight == 1 + rl_wd_lane)
 			rl_shared->slots[i].in_flight = 0;
 	LWLockRelease(rl_shared->lock);
 	on_shmem_exit(redis_lock_worker_on_shmem_exit, (Datum) 0);
 
 	cxt = AllocSetContextCreate(TopMemoryContext, "redis_lock watchdog",
 								ALLOCSET_DEFAULT_SIZES);
-	retries = MemoryContextAllocZero(TopMemoryContext,
+	rl_wd_retries = MemoryContextAllocZero(TopMemoryContext,
 									 sizeof(SlotRetry) * Max(rl_shared->nslots, 1));
 	ereport(LOG, (errmsg("redis_lock watchdog started"),
 				  errdetail_internal("lane %s",
-									 my_lane == RL_LANE_PROMPT ? "prompt" : "slow")));
+									 rl_wd_lane == RL_LANE_PROMPT ? "prompt" : "slow")));
 
 	for (;;)
 	{
@@ -1368,12 +1381,12 @@ rl_watchdog_main(Datum arg)
 		MemoryContext old = MemoryContextSwitchTo(cxt);
 
 		/* busy: a lock registered during the cycle wakes it again */
-		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane], (uint64) PG_INT64_MAX);
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at[rl_wd_lane], (uint64) PG_INT64_MAX);
 		sleep_ms = worker_cycle();
 		wake_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms);
 		/* keyspace notifications of the locks it renews, where sent */
-		rl_watch_events_sync(my_lane);
-		pg_atomic_write_u64(&rl_shared->worker_wakes_at[my_lane], (uint64) wake_at);
+		rl_watch_events_sync(rl_wd_lane);
+		pg_atomic_write_u64(&rl_shared->worker_wakes_at[rl_wd_lane], (uint64) wake_at);
 
 		/* what is due comes no later for the subscriptions' round trip */
 		rl_watch_events_wait(Max(0, (long) ((wake_at - GetCurrentTimestamp() + 999) / 1000)));
