@@ -24,7 +24,8 @@ OBJS = \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
 	src/lock/locklost.o \
 	src/wait/waitqueue.o src/wait/deadlock.o src/wait/deadlock_graph.o \
-	src/worker/registry.o src/worker/watchdog.o src/worker/watchevents.o \
+	src/worker/registry.o src/worker/watchdog.o src/worker/watchjobs.o \
+	src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \
 	src/redis/scriptfree.o src/redis/replies.o \
 	src/net/topology.o src/net/transport.o src/net/connection.o \
