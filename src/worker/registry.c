@@ -14,7 +14,7 @@
  *
  *	  All of it exists only with shared_preload_libraries = 'redis_lock';
  *	  otherwise every function here is a cheap no-op.  Backends write only
- *	  their own slots; the worker (watchdog.c) only marks slots renewed or
+ *	  their own slots; the worker (watchjobs.c) only marks slots renewed or
  *	  lost and frees orphans, always checking the slot's generation so a
  *	  result never lands on a reused slot.
  *

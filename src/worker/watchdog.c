@@ -6,7 +6,10 @@
  *	  (registry.c), and their registration at _PG_init.  There are two, one
  *	  per lane (RLLane): the targets that answer in time, and those that
  *	  failed or answered slowly last time, so that waiting for the latter
- *	  never holds up the former (worker_cycle).
+ *	  never holds up the former (worker_cycle).  This file owns their
+ *	  registration, their main loop and their cycle: what is due, the most
+ *	  urgent kept, each target's jobs run in rounds and its lane judged
+ *	  (note_target); one round and its outcomes are watchjobs.c's.
  *
  *	  It exists only with shared_preload_libraries = 'redis_lock'.  The
  *	  worker only marks slots renewed or lost and frees orphans, always

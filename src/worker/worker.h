@@ -3,8 +3,8 @@
  * worker.h
  *	  The worker subsystem: the shared-memory registry of every backend's
  *	  locks (registry.c), the background worker that renews them and cleans
- *	  up what exited backends left (watchdog.c), and its keyspace-event
- *	  subscriptions (watchevents.c).
+ *	  up what exited backends left (watchdog.c, watchjobs.c), and its
+ *	  keyspace-event subscriptions (watchevents.c).
  *
  *	  Owns: the registry and the worker process.  Must not: know a backend's
  *	  lock table; a backend reaches the registry only through these calls.

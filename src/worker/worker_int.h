@@ -22,8 +22,8 @@
 /* ----------------------------------------------------------------
  * From registry_int:
  *	  The layout of the shared registry, for registry.c, which owns it, and
- *	  the watchdog worker (watchdog.c), which renews and frees its slots,
- *	  and its keyspace watch (watchevents.c).  Nothing else includes this:
+ *	  the watchdog worker (watchdog.c, watchjobs.c), which renews and frees
+ *	  its slots, and its keyspace watch (watchevents.c).  Nothing else includes this:
  *	  backends use the calls of worker.h.
  * ----------------------------------------------------------------
  */
