@@ -113,7 +113,10 @@ typedef struct RLSharedTarget
 
 typedef struct RLShared
 {
-	LWLock	   *lock;
+	LWLock	   *lock;			/* the registry lock: after deadlock.c's
+								 * victim lock, before ProcArrayLock; no
+								 * other lock of the extension is taken while
+								 * it is held (interface/shmem.c) */
 	Latch	   *worker_latch[RL_NUM_LANES];
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
 	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
