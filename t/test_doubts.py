@@ -1,7 +1,7 @@
 """Doubts: grants and releases whose outcome a session could not learn.
 
 With preloading a doubt belongs to the watchdog worker from the moment the
-session gives up on it (src/lock/locktable.c, rl_lt_hand_to_worker; src/worker/watchdog.c,
+session gives up on it (src/lock/locktable.c, rl_lt_hand_to_worker; src/worker/watchjobs.c,
 release_done).  What each test would catch:
 - a cancelled waiter whose grant landed keeps the lock for a whole lease
   while its session idles (issue 22, item 1), with and without waiters of

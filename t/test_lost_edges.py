@@ -171,7 +171,7 @@ def test_a_lock_taken_again_after_a_loss_is_not_lost(env, how):
 
 
 def test_the_workers_cancel_never_lands_as_a_users_cancel(env):
-    """stop_holders (watchdog.c) signals after the round, outside the
+    """stop_holders (watchjobs.c) signals after the round, outside the
     registry lock, with lost_at taken before; rl_lost_rewrite_cancel only
     counts a loss found at or after the statement's start.  A holder that
     runs short statements back to back can start the next one between
@@ -221,7 +221,7 @@ def penv():
 @pytest.mark.parametrize("mode", ["read", "exclusive"])
 def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode):
     """Issue 43 item 3: the worker presumes a lock lost once no renewal was
-    answered for a lease (watchdog.c apply_renewal), though the renewals it
+    answered for a lease (watchjobs.c apply_renewal), though the renewals it
     sent ran: only their replies were held back (a proxy; in the chaos run,
     the slow lane frozen with its round in flight, failed by its deadline
     with the reply in its socket).  Redis still holds the lock, and the

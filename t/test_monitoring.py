@@ -3,7 +3,8 @@ shape, and every query of it run against a server holding exclusive, read,
 write and lost locks with a backend waiting, checked value by value.
 
 postgres_exporter itself is not run (it is not packaged here): what is tested
-is the file as the exporter reads it and the SQL it would run."""
+is the file as the exporter reads it and the SQL it would run.  Also what
+pg_shmem_allocations shows of the extension (doc/operations.md)."""
 import decimal
 import os
 import re
@@ -265,3 +266,32 @@ def test_every_query_reports_held_lost_and_waiting_locks(pg, sessions, rc, monit
     admin.run("SELECT pg_cancel_backend(%s)", (sleeper.pid,))
     sleeper.join()
     assert isinstance(sleeper.error, psycopg2.errors.QueryCanceled)
+
+
+def shmem_allocations(max_locks):
+    """{name: size} of the redis_lock% rows of pg_shmem_allocations of a
+    preloaded server started with redis_lock.max_locks = max_locks."""
+    pg = testbed.Postgres(conf={"redis_lock.max_locks": str(max_locks)}).init().start()
+    try:
+        c = pg.connect()
+        try:
+            with c.cursor() as cur:
+                cur.execute("SELECT name, size FROM pg_shmem_allocations "
+                            "WHERE name LIKE 'redis_lock%'")
+                return dict(cur.fetchall())
+        finally:
+            c.close()
+    finally:
+        pg.cleanup()
+
+
+def test_shared_memory_is_one_area_of_1236_bytes_a_slot():
+    """doc/operations.md, Observability: the extension's shared memory is one
+    area, `redis_lock` in pg_shmem_allocations, with the registry's hash of
+    slots per role beside it; each slot of redis_lock.max_locks costs 1236
+    bytes of the area.  (Before issue 44 there were four areas: the
+    registry, the counters, the wait queues and the deadlock records.)"""
+    small = shmem_allocations(16)
+    large = shmem_allocations(16 + 1024)
+    assert set(small) == set(large) == {"redis_lock", "redis_lock slots per role"}
+    assert large["redis_lock"] - small["redis_lock"] == 1236 * 1024

@@ -1,5 +1,5 @@
 """The watchdog's renewals never shorten a lease, and notice when another
-client cut one short (src/worker/watchdog.c note_cut_lease, the extend scripts of
+client cut one short (src/worker/watchjobs.c note_cut_lease, the extend scripts of
 src/redis/lockscripts.c).  What each test would catch:
 - a renewal that sets the lease it was sent with, undoing a longer one set
   meanwhile (redis_lock_extend racing a renewal under way, issue 22 item

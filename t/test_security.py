@@ -2285,7 +2285,7 @@ def test_a_security_restricted_operation_charges_the_tables_owner(pg_limits, adm
 # an unrelated backend.  It now signals only a process that, under the
 # registry's lock and ProcArrayLock, still holds the grant found lost.  The
 # window is a few instructions wide; RL_TEST_STOP_BEFORE_SIGNAL, read by
-# assert-enabled builds only (src/worker/watchdog.c), stops the worker in it.
+# assert-enabled builds only (src/worker/watchjobs.c), stops the worker in it.
 
 @pytest.fixture(scope="module")
 def pg_stop_before_signal(redis_srv):

@@ -172,7 +172,8 @@ typedef enum RLWaitKind
 	RL_WAIT_KIND_COUNT
 } RLWaitKind;
 
-extern void rl_stats_init(void);
+extern Size rl_stats_shmem_size(void);
+extern void rl_stats_shmem_init(void *area, bool found);
 extern void rl_stats_add(RLStatId id, uint64 n);
 extern void rl_stats_read(RLStats *out);
 extern uint32 rl_wait_event(RLWaitKind kind);
@@ -292,6 +293,8 @@ typedef struct RLTarget RLTarget;	/* net.h: where a lock lives */
 typedef struct RLLockOp RLLockOp;	/* redis.h: one lock operation */
 typedef struct RLManyOp RLManyOp;	/* redis.h: several locks at once */
 typedef struct RLHeld RLHeld;	/* lock.h: an entry of the lock table */
+typedef struct RLRegistryHold RLRegistryHold;	/* worker.h: a hold of a lock
+												 * waited for */
 
 /* What a round trip does with a transport failure */
 typedef enum RLRunMode

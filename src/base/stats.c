@@ -38,54 +38,23 @@ typedef struct RLSharedStats
 static RLSharedStats *shared_stats = NULL;
 static uint64 local_stats[RL_STAT_COUNT];
 
-#if PG_VERSION_NUM >= 150000
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
-/* shmem_request_hook: room for the shared counters */
-static void
-redis_lock_stats_shmem_request(void)
+/* Room for the shared counters in the extension's area (interface/shmem.c) */
+Size
+rl_stats_shmem_size(void)
 {
-#if PG_VERSION_NUM >= 150000
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-#endif
-	RequestAddinShmemSpace(sizeof(RLSharedStats));
+	return sizeof(RLSharedStats);
 }
 
-/* shmem_startup_hook: create or attach the shared counters */
-static void
-redis_lock_stats_shmem_startup(void)
+/* The shared counters at area: zeroed when just created (!found) */
+void
+rl_stats_shmem_init(void *area, bool found)
 {
-	bool		found;
 	int			i;
 
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	shared_stats = ShmemInitStruct("redis_lock stats", sizeof(RLSharedStats), &found);
+	shared_stats = (RLSharedStats *) area;
 	if (!found)
 		for (i = 0; i < RL_STAT_COUNT; i++)
 			pg_atomic_init_u64(&shared_stats->value[i], 0);
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Called from _PG_init: shared counters only when preloading */
-void
-rl_stats_init(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-#if PG_VERSION_NUM >= 150000
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = redis_lock_stats_shmem_request;
-#else
-	redis_lock_stats_shmem_request();
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = redis_lock_stats_shmem_startup;
 }
 
 /* Add n to one counter: shared when preloaded, else this backend's */

@@ -2,9 +2,10 @@
  *
  * interface.h
  *	  The SQL interface: the module's entry point and hooks (module.c),
- *	  the SQL-callable functions (functions.c, statusfunctions.c,
- *	  semfunctions.c) and the fence guard trigger (fenceguard.c).  What the
- *	  files of this folder share; no other subsystem includes it.
+ *	  the extension's shared memory (shmem.c), the SQL-callable functions
+ *	  (functions.c, statusfunctions.c, semfunctions.c) and the fence guard
+ *	  trigger (fenceguard.c).  What the files of this folder share; no other
+ *	  subsystem includes it.
  *
  *	  Owns: argument checks and result shaping.  Must not: keep lock state
  *	  (lock/ does), or reach Redis but through lock/ and redis/'s operations
@@ -42,5 +43,13 @@ extern Interval *rl_fn_ms_to_interval(int64 ms);
 extern void rl_fn_materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts,
 							  TupleDesc *td);
 extern void rl_fn_check_scope(bool xact);
+
+/* ----------------------------------------------------------------
+ * From shmem:
+ *	  The extension's one shared-memory area and its hooks (shmem.c),
+ *	  set up from _PG_init (module.c).
+ * ----------------------------------------------------------------
+ */
+extern void rl_shmem_init(void);
 
 #endif							/* RL_INTERFACE_H */

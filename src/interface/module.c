@@ -2,8 +2,8 @@
  *
  * module.c
  *	  Module entry point: defines the settings, prepares the scripts and,
- *	  when loaded through shared_preload_libraries, the shared counters, the
- *	  shared registry and the watchdog worker; installs the hooks (DISCARD
+ *	  when loaded through shared_preload_libraries, the watchdog worker and
+ *	  the shared memory (shmem.c); installs the hooks (DISCARD
  *	  ALL, and with preloading the statement check of locklost.c and its
  *	  error-context callback around what runs a statement).  Opens no
  *	  connection.
@@ -25,8 +25,8 @@
 
 #include "redis/redis.h"
 #include "worker/worker.h"
-#include "wait/wait.h"
 #include "lock/lock.h"
+#include "interface/interface.h"
 
 #ifdef PG_MODULE_MAGIC_EXT
 PG_MODULE_MAGIC_EXT(.name = "redis_lock",.version = RL_VERSION);
@@ -159,19 +159,17 @@ redis_lock_ExecutorFinish(QueryDesc *queryDesc)
 }
 
 /*
- * Module load: settings, counters, scripts and, when preloading, the shared
- * registry, the watchdog worker, the local wait queues and the deadlock
- * records.  Nothing here talks to Redis.
+ * Module load: settings, scripts and, when preloading, the watchdog worker
+ * and the shared memory (the counters, the registry, the local wait queues
+ * and the deadlock records: shmem.c).  Nothing here talks to Redis.
  */
 void
 _PG_init(void)
 {
 	rl_define_settings();
-	rl_stats_init();
 	rl_scripts_init();
 	rl_watchdog_init();
-	rl_waitq_init();
-	rl_deadlock_init();
+	rl_shmem_init();
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = redis_lock_ProcessUtility;
 	/* only the worker finds locks lost while their holder works */

@@ -8,7 +8,7 @@
  *	  the stack (rl_lost_push_context); a session idle in a transaction when
  *	  the loss came fails its next statement; redis_lock_check() raises the
  *	  same error without a round trip.  The worker decides and signals
- *	  (watchdog.c).
+ *	  (watchjobs.c).
  *
  *	  Must not: call hiredis or Redis (everything here reads what the
  *	  worker last saw), raise from the error-context callback, define

@@ -25,9 +25,16 @@
  *	  renewal, so a cycle the registry shows is confirmed before anyone is
  *	  failed for it: each of its holds in Redis, by the caller, in one round
  *	  trip (rl_deadlock_check_due hands them over, rl_deadlock_confirm
- *	  decides), then every edge again here (see confirm_cycle).  At most one
+ *	  decides), then every edge again here (see rl_dl_confirm_cycle).  At most one
  *	  member of a cycle fails: the first to confirm it.  Exists only with
  *	  shared_preload_libraries = 'redis_lock'.
+ *
+ *	  This file owns each backend's wait: its record and segment, their
+ *	  publication and withdrawal, when a check is due, and the decision on
+ *	  a cycle found (rl_deadlock_confirm, with its 40P01).  The wait-for
+ *	  graph -- the snapshot of the others' waits and of the holds, the
+ *	  search, the confirmation of a cycle's edges here and its description
+ *	  -- is deadlock_graph.c's.
  *
  *	  Must not: talk to Redis, hold an LWLock across an ERROR of its own,
  *	  raise where interrupts are held, report a cycle whose holds Redis did
@@ -65,78 +72,12 @@
 #include "utils/memutils.h"
 
 #include "worker/worker.h"
-#include "wait/wait.h"
+#include "wait/wait_int.h"
 
 /* Checks of one wait after the first are at least this far apart */
 #define RL_DEADLOCK_MIN_RECHECK_MS	10
 
-/*
- * PostgreSQL 14 and later stamp every heavyweight-lock wait with the time
- * it began (PGPROC.waitStart): a wait's identity, which lets a check see
- * that nothing began waiting since the last one, and a confirmation see
- * that a process stayed in one wait.
- */
-#if PG_VERSION_NUM >= 140000
-#define RL_HAVE_WAIT_START
-#endif
-
-#ifndef DSM_HANDLE_INVALID
-#define DSM_HANDLE_INVALID ((dsm_handle) 0)
-#endif
-
-/* One lock waited for, as published */
-typedef struct RLWaitId
-{
-	uint64		id;				/* rl_registry_key_id() */
-	RLProtocol	protocol;		/* the hold waited for (RLWaitKey) */
-} RLWaitId;
-
-/* What one backend waits for, while it waits and has been checked once */
-typedef struct RLWaitRecord
-{
-	int			pid;			/* 0: nobody waits here */
-	int			nkeys;			/* every key waited for */
-	uint64		seq;			/* this publication; never reused */
-	dsm_handle	more;			/* nkeys > RL_DEADLOCK_INLINE_KEYS: the
-								 * segment holding all of them (a
-								 * RLWaitSegment); DSM_HANDLE_INVALID when
-								 * none could be made: keys[] only */
-	RLWaitId	keys[RL_DEADLOCK_INLINE_KEYS];	/* the first ones */
-} RLWaitRecord;
-
-/*
- * Every key of a wait too long for its record: written before the record
- * names it, never changed after; its own pid and seq let a reader see that
- * it is that publication's (a handle may name a newer segment).
- */
-typedef struct RLWaitSegment
-{
-	int			pid;
-	int			nkeys;
-	uint64		seq;
-	RLWaitId	keys[FLEXIBLE_ARRAY_MEMBER];
-} RLWaitSegment;
-
-/*
- * One record per process that can run SQL, indexed by its PGPROC number,
- * like the wait queue's seats.
- */
-typedef struct RLDeadlockShared
-{
-	LWLock	   *records_lock;	/* the records and next_seq */
-	LWLock	   *victim_lock;	/* held while a cycle is confirmed */
-	uint64		next_seq;
-	int			nrecords;
-	RLWaitRecord records[FLEXIBLE_ARRAY_MEMBER];
-} RLDeadlockShared;
-
-static RLDeadlockShared *dl = NULL;
-static int	dl_capacity = 0;
-
-#if PG_VERSION_NUM >= 150000
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+RLDeadlockShared *rl_dl = NULL;
 
 /* This backend's wait */
 static bool waiting = false;
@@ -146,11 +87,11 @@ static TimestampTz next_check = 0;
 static int	recheck_ms = 0;
 static bool published = false;	/* my_record holds this wait */
 static RLWaitRecord *my_record = NULL;
-static RLWaitRecord mine;		/* what this wait published (also without a
+RLWaitRecord rl_dl_mine;		/* what this wait published (also without a
 								 * record of its own) */
-static RLWaitId *mine_keys = NULL;	/* every key of it (TopMemoryContext) */
+RLWaitId   *rl_dl_mine_keys = NULL;	/* every key of it (TopMemoryContext) */
 static int	mine_keys_cap = 0;
-static dsm_segment *mine_segment = NULL;	/* mine.more, attached */
+dsm_segment *rl_dl_mine_segment = NULL;	/* rl_dl_mine.more, attached */
 static bool callbacks_set = false;
 
 /*
@@ -159,7 +100,6 @@ static bool callbacks_set = false;
  * off TopMemoryContext, so that an error in the caller's round trip leaves
  * it to the next check or the wait's end to free.
  */
-typedef struct Check Check;
 static MemoryContext pending_cxt = NULL;
 static Check *pending = NULL;
 static RLDeadlockHold *pending_holds = NULL;
@@ -178,79 +118,31 @@ static uint64 quiet_print = 0;
  * ----------------------------------------------------------------
  */
 
-/* Processes that can run SQL (backends, autovacuum, bgworkers, walsenders) */
-static int
-max_sql_processes(void)
-{
-#if PG_VERSION_NUM >= 150000
-	return MaxBackends;
-#else
-	/* MaxBackends is not computed yet when _PG_init requests shared memory */
-	return MaxConnections + autovacuum_max_workers + 1 + max_worker_processes +
-		max_wal_senders;
-#endif
-}
-
-static Size
-deadlock_shared_size(void)
+/* Room for nrecords records in the extension's area (interface/shmem.c) */
+Size
+rl_deadlock_shmem_size(int nrecords)
 {
 	return add_size(offsetof(RLDeadlockShared, records),
-					mul_size(dl_capacity, sizeof(RLWaitRecord)));
+					mul_size(nrecords, sizeof(RLWaitRecord)));
 }
 
-/* shmem_request_hook: room for the records and two LWLocks */
-static void
-redis_lock_deadlock_shmem_request(void)
+/*
+ * The records at area, nrecords of them (one per process that can run
+ * SQL), with their two LWLocks: none used when just created (!found)
+ */
+void
+rl_deadlock_shmem_init(void *area, int nrecords, LWLock *records_lock,
+					   LWLock *victim_lock, bool found)
 {
-#if PG_VERSION_NUM >= 150000
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-#endif
-	dl_capacity = max_sql_processes();
-	RequestAddinShmemSpace(deadlock_shared_size());
-	RequestNamedLWLockTranche("redis_lock deadlock", 2);
-}
-
-/* shmem_startup_hook: create (no record used) or attach the records */
-static void
-redis_lock_deadlock_shmem_startup(void)
-{
-	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-	if (dl_capacity == 0)
-		dl_capacity = max_sql_processes();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	dl = ShmemInitStruct("redis_lock deadlock", deadlock_shared_size(), &found);
+	rl_dl = (RLDeadlockShared *) area;
 	if (!found)
 	{
-		LWLockPadded *locks = GetNamedLWLockTranche("redis_lock deadlock");
-
-		memset(dl, 0, deadlock_shared_size());
-		dl->records_lock = &locks[0].lock;
-		dl->victim_lock = &locks[1].lock;
-		dl->next_seq = 1;
-		dl->nrecords = dl_capacity;
+		memset(rl_dl, 0, rl_deadlock_shmem_size(nrecords));
+		rl_dl->records_lock = records_lock;
+		rl_dl->victim_lock = victim_lock;
+		rl_dl->next_seq = 1;
+		rl_dl->nrecords = nrecords;
 	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Called from _PG_init: the shared-memory hooks, only when preloading */
-void
-rl_deadlock_init(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-#if PG_VERSION_NUM >= 150000
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = redis_lock_deadlock_shmem_request;
-#else
-	redis_lock_deadlock_shmem_request();
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = redis_lock_deadlock_shmem_startup;
 }
 
 /* This backend's record, or NULL when it has none */
@@ -259,14 +151,14 @@ record_of_mine(void)
 {
 	int			procno;
 
-	if (dl == NULL || MyProc == NULL)
+	if (rl_dl == NULL || MyProc == NULL)
 		return NULL;
 #if PG_VERSION_NUM >= 170000
 	procno = MyProcNumber;
 #else
 	procno = MyProc->pgprocno;
 #endif
-	return procno >= 0 && procno < dl->nrecords ? &dl->records[procno] : NULL;
+	return procno >= 0 && procno < rl_dl->nrecords ? &rl_dl->records[procno] : NULL;
 }
 
 /* ----------------------------------------------------------------
@@ -310,16 +202,16 @@ make_segment(void)
 	RLWaitSegment *w;
 
 	seg = dsm_create(add_size(offsetof(RLWaitSegment, keys),
-							  mul_size(mine.nkeys, sizeof(RLWaitId))),
+							  mul_size(rl_dl_mine.nkeys, sizeof(RLWaitId))),
 					 DSM_CREATE_NULL_IF_MAXSEGMENTS);
 	if (seg == NULL)
 		return NULL;
 	dsm_pin_mapping(seg);
 	w = dsm_segment_address(seg);
 	w->pid = MyProcPid;
-	w->nkeys = mine.nkeys;
+	w->nkeys = rl_dl_mine.nkeys;
 	w->seq = 0;
-	memcpy(w->keys, mine_keys, sizeof(RLWaitId) * mine.nkeys);
+	memcpy(w->keys, rl_dl_mine_keys, sizeof(RLWaitId) * rl_dl_mine.nkeys);
 	return seg;
 }
 
@@ -346,36 +238,36 @@ publish(void)
 	{
 		int			cap = Max(wait_nkeys, 2 * mine_keys_cap);
 
-		mine_keys = mine_keys == NULL ?
+		rl_dl_mine_keys = rl_dl_mine_keys == NULL ?
 			MemoryContextAlloc(TopMemoryContext, sizeof(RLWaitId) * cap) :
-			repalloc(mine_keys, sizeof(RLWaitId) * cap);
+			repalloc(rl_dl_mine_keys, sizeof(RLWaitId) * cap);
 		mine_keys_cap = cap;
 	}
-	mine.pid = MyProcPid;
-	mine.nkeys = wait_nkeys;
-	for (i = 0; i < mine.nkeys; i++)
+	rl_dl_mine.pid = MyProcPid;
+	rl_dl_mine.nkeys = wait_nkeys;
+	for (i = 0; i < rl_dl_mine.nkeys; i++)
 	{
-		mine_keys[i].id = rl_registry_key_id(wait_keys[i].target_spec,
+		rl_dl_mine_keys[i].id = rl_registry_key_id(wait_keys[i].target_spec,
 											 wait_keys[i].key);
-		mine_keys[i].protocol = wait_keys[i].protocol;
+		rl_dl_mine_keys[i].protocol = wait_keys[i].protocol;
 	}
-	memcpy(mine.keys, mine_keys,
-		   sizeof(RLWaitId) * Min(mine.nkeys, RL_DEADLOCK_INLINE_KEYS));
+	memcpy(rl_dl_mine.keys, rl_dl_mine_keys,
+		   sizeof(RLWaitId) * Min(rl_dl_mine.nkeys, RL_DEADLOCK_INLINE_KEYS));
 	my_record = record_of_mine();
-	if (my_record != NULL && mine.nkeys > RL_DEADLOCK_INLINE_KEYS)
+	if (my_record != NULL && rl_dl_mine.nkeys > RL_DEADLOCK_INLINE_KEYS)
 		seg = make_segment();
-	mine.more = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
-	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
-	mine.seq = dl->next_seq++;
+	rl_dl_mine.more = seg != NULL ? dsm_segment_handle(seg) : DSM_HANDLE_INVALID;
+	LWLockAcquire(rl_dl->records_lock, LW_EXCLUSIVE);
+	rl_dl_mine.seq = rl_dl->next_seq++;
 	if (seg != NULL)
-		((RLWaitSegment *) dsm_segment_address(seg))->seq = mine.seq;
+		((RLWaitSegment *) dsm_segment_address(seg))->seq = rl_dl_mine.seq;
 	if (my_record != NULL)
-		*my_record = mine;
-	LWLockRelease(dl->records_lock);
+		*my_record = rl_dl_mine;
+	LWLockRelease(rl_dl->records_lock);
 	published = true;
 	/* the last publication's segment, which no record names any more */
-	old_seg = mine_segment;
-	mine_segment = seg;
+	old_seg = rl_dl_mine_segment;
+	rl_dl_mine_segment = seg;
 	if (old_seg != NULL)
 		dsm_detach(old_seg);
 }
@@ -389,21 +281,21 @@ withdraw_record(void)
 	published = false;
 	if (my_record == NULL)
 		return;
-	LWLockAcquire(dl->records_lock, LW_EXCLUSIVE);
+	LWLockAcquire(rl_dl->records_lock, LW_EXCLUSIVE);
 	my_record->pid = 0;
 	my_record->nkeys = 0;
 	my_record->more = DSM_HANDLE_INVALID;
-	LWLockRelease(dl->records_lock);
+	LWLockRelease(rl_dl->records_lock);
 }
 
 /* Withdraw this backend's record and its segment; never raises */
 static void
 withdraw(void)
 {
-	dsm_segment *seg = mine_segment;
+	dsm_segment *seg = rl_dl_mine_segment;
 
 	withdraw_record();
-	mine_segment = NULL;
+	rl_dl_mine_segment = NULL;
 	/* a check reading it meanwhile keeps it until it detaches */
 	if (seg != NULL)
 		dsm_detach(seg);
@@ -435,7 +327,7 @@ void
 rl_deadlock_wait_begin(const RLWaitKey *keys, int nkeys)
 {
 	rl_deadlock_wait_end();
-	if (dl == NULL || nkeys <= 0)
+	if (rl_dl == NULL || nkeys <= 0)
 		return;
 	waiting = true;
 	wait_keys = keys;
@@ -486,620 +378,6 @@ rl_deadlock_wait_end(void)
  * The check
  * ----------------------------------------------------------------
  */
-
-/* One edge of the wait-for graph: a process blocked by another */
-typedef struct Edge
-{
-	int			pid;			/* the blocking process */
-	uint64		key_id;			/* Redis: the lock waited for; 0: PostgreSQL */
-	const RLRegistryHold *hold; /* Redis: the blocking hold (Check.holds) */
-	RLProtocol	protocol;		/* Redis: the hold waited for */
-} Edge;
-
-/* A process on the path the search follows */
-typedef struct Step
-{
-	int			pid;
-	bool		redis;			/* waits for Redis locks (else PostgreSQL's) */
-	int			record;			/* redis: index of its record; -1: us */
-	uint64		seq;			/* redis: the publication followed */
-	uint64		wait_start;		/* PostgreSQL: its wait's start (14+) */
-	Edge	   *edges;
-	int			nedges;
-	int			next;			/* edges[next - 1]: the one followed */
-} Step;
-
-/* Another backend's published wait, as the check found it */
-typedef struct Waiter
-{
-	RLWaitRecord r;
-	int			record;			/* its index in the records */
-	const RLWaitId *keys;		/* every key it waits for (r.keys, or a copy
-								 * of its segment's) */
-	int			nkeys;
-} Waiter;
-
-struct Check
-{
-	Waiter	   *waiters;		/* sorted by pid */
-	int			nwaiters;
-	RLRegistryHold *holds;		/* holds of the locks waited for, by key_id */
-	int			nholds;
-	int		   *waiting;		/* pids of every process seen waiting, and
-								 * ours: the only holders a cycle can go
-								 * through (sorted, once the waiters are in) */
-	int			nwaiting;
-	HTAB	   *seen;			/* pids reached */
-	Step	   *path;
-	int			depth;
-	int			path_cap;
-	int			followed;		/* processes whose waits were looked at */
-};
-
-static int
-pid_cmp(const void *a, const void *b)
-{
-	int			x = ((const Waiter *) a)->r.pid;
-	int			y = ((const Waiter *) b)->r.pid;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
-static int
-u64_cmp(const void *a, const void *b)
-{
-	uint64		x = *(const uint64 *) a;
-	uint64		y = *(const uint64 *) b;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
-static int
-hold_cmp(const void *a, const void *b)
-{
-	return u64_cmp(&((const RLRegistryHold *) a)->key_id,
-				   &((const RLRegistryHold *) b)->key_id);
-}
-
-static int
-int_cmp(const void *a, const void *b)
-{
-	int			x = *(const int *) a;
-	int			y = *(const int *) b;
-
-	return x < y ? -1 : x > y ? 1 : 0;
-}
-
-/* Sort pids and drop duplicates; returns how many remain */
-static int
-sort_unique_pids(int *pids, int n)
-{
-	int			m = 0;
-	int			i;
-
-	qsort(pids, n, sizeof(int), int_cmp);
-	for (i = 0; i < n; i++)
-		if (m == 0 || pids[m - 1] != pids[i])
-			pids[m++] = pids[i];
-	return m;
-}
-
-/* Is a hold of held in the way of a wait for want?  Readers share. */
-static bool
-modes_conflict(RLProtocol want, RLProtocol held)
-{
-	return want != RL_PROTOCOL_RW_READ || held != RL_PROTOCOL_RW_READ;
-}
-
-/* The start of pid's current heavyweight-lock wait, 0 if none or unknown */
-static uint64
-wait_start_of(int pid)
-{
-#ifdef RL_HAVE_WAIT_START
-	PGPROC	   *proc = BackendPidGetProc(pid);
-	uint64		start;
-
-	if (proc == NULL)
-		return 0;
-	start = pg_atomic_read_u64(&proc->waitStart);
-	pg_read_barrier();
-	return proc->pid == pid ? start : 0;
-#else
-	return 0;
-#endif
-}
-
-/* pg_blocking_pids(pid): the processes its heavyweight-lock wait waits for */
-static int32 *
-blocking_pids(int pid, int *n)
-{
-	ArrayType  *a;
-
-	a = DatumGetArrayTypeP(DirectFunctionCall1(pg_blocking_pids,
-											   Int32GetDatum(pid)));
-	/* an int4[] without nulls, as pg_blocking_pids() builds it */
-	if (ARR_HASNULL(a) || ARR_ELEMTYPE(a) != INT4OID)
-		elog(ERROR, "unexpected result of pg_blocking_pids()");
-	*n = ArrayGetNItems(ARR_NDIM(a), ARR_DIMS(a));
-	return (int32 *) ((char *) a + ARR_OVERHEAD_NONULLS(ARR_NDIM(a)));
-}
-
-/*
- * Every other process that waits for a heavyweight lock, folded into a
- * fingerprint with the identity of its wait, and noted in c->waiting;
- * *blocked counts them.  Reads PGPROCs without their locks: a wait that
- * begins meanwhile changes the next fingerprint.
- */
-static uint64
-scan_procs(Check *c, int *blocked)
-{
-	uint64		print = 0;
-	uint32		i;
-
-	*blocked = 0;
-	c->waiting = palloc(sizeof(int) * (2 * ProcGlobal->allProcCount + dl->nrecords + 1));
-	c->waiting[c->nwaiting++] = MyProcPid;
-	for (i = 0; i < ProcGlobal->allProcCount; i++)
-	{
-		PGPROC	   *proc = &ProcGlobal->allProcs[i];
-		int			pid = proc->pid;
-		bool		waits = proc->waitLock != NULL;
-
-		if (pid == 0 || pid == MyProcPid)
-			continue;
-#ifdef RL_HAVE_WAIT_START
-		{
-			uint64		start = pg_atomic_read_u64(&proc->waitStart);
-
-			if (start != 0)
-			{
-				print = hash_combine64(print, hash_combine64((uint64) pid, start));
-				waits = true;
-			}
-		}
-#endif
-		if (waits)
-		{
-			PGPROC	   *leader = proc->lockGroupLeader;
-
-			(*blocked)++;
-			c->waiting[c->nwaiting++] = pid;
-			/* a parallel worker's wait is its leader's, which holds the locks */
-			if (leader != NULL && leader != proc && leader->pid != 0)
-				c->waiting[c->nwaiting++] = leader->pid;
-		}
-	}
-	return print;
-}
-
-/* Copy the other backends' records, sorted by pid, folding in their seqs */
-static uint64
-snapshot_waiters(Check *c, uint64 print)
-{
-	Waiter	   *w = palloc(sizeof(Waiter) * Max(dl->nrecords, 1));
-	int			n = 0;
-	int			i;
-
-	LWLockAcquire(dl->records_lock, LW_SHARED);
-	for (i = 0; i < dl->nrecords; i++)
-	{
-		if (dl->records[i].pid == 0 || dl->records[i].pid == MyProcPid)
-			continue;
-		w[n].r = dl->records[i];
-		w[n].record = i;
-		n++;
-	}
-	LWLockRelease(dl->records_lock);
-	qsort(w, n, sizeof(Waiter), pid_cmp);
-	for (i = 0; i < n; i++)
-	{
-		print = hash_combine64(print, hash_combine64((uint64) w[i].r.pid, w[i].r.seq));
-		c->waiting[c->nwaiting++] = w[i].r.pid;
-		w[i].keys = w[i].r.keys;
-		w[i].nkeys = Min(w[i].r.nkeys, RL_DEADLOCK_INLINE_KEYS);
-	}
-	c->nwaiting = sort_unique_pids(c->waiting, c->nwaiting);
-	c->waiters = w;
-	c->nwaiters = n;
-	return print;
-}
-
-/*
- * Every key of the waiters whose records have no room for all of theirs,
- * from their segments.  A segment gone meanwhile (its wait ended: its seq
- * will not match at the confirmation), or one that is not this
- * publication's, leaves the record's keys alone.
- */
-static void
-read_segments(Check *c)
-{
-	int			i;
-
-	for (i = 0; i < c->nwaiters; i++)
-	{
-		Waiter	   *w = &c->waiters[i];
-		dsm_segment *seg;
-		RLWaitSegment *s;
-		Size		need;
-
-		if (w->r.nkeys <= RL_DEADLOCK_INLINE_KEYS || w->r.more == DSM_HANDLE_INVALID ||
-			(mine_segment != NULL && w->r.more == dsm_segment_handle(mine_segment)))
-			continue;
-		seg = dsm_attach(w->r.more);
-		if (seg == NULL)
-			continue;
-		s = dsm_segment_address(seg);
-		need = offsetof(RLWaitSegment, keys) + sizeof(RLWaitId) * (Size) w->r.nkeys;
-		if (dsm_segment_map_length(seg) >= need && s->pid == w->r.pid &&
-			s->seq == w->r.seq && s->nkeys == w->r.nkeys)
-		{
-			RLWaitId   *keys = palloc(sizeof(RLWaitId) * w->r.nkeys);
-
-			memcpy(keys, s->keys, sizeof(RLWaitId) * w->r.nkeys);
-			w->keys = keys;
-			w->nkeys = w->r.nkeys;
-		}
-		dsm_detach(seg);
-	}
-}
-
-static Waiter *
-find_waiter(Check *c, int pid)
-{
-	Waiter		key;
-
-	key.r.pid = pid;
-	return bsearch(&key, c->waiters, c->nwaiters, sizeof(Waiter), pid_cmp);
-}
-
-/*
- * The holds, in this server, of the locks whose ids are given (sorted,
- * unique) by the given backends (sorted, unique): the registry's one pass,
- * again with more room if it was short.
- */
-static RLRegistryHold *
-holds_of(const uint64 *ids, int nids, const int *pids, int npids, int *nholds)
-{
-	int			cap = 16;
-	RLRegistryHold *holds = palloc(sizeof(RLRegistryHold) * cap);
-	int			n;
-
-	while ((n = rl_registry_holders(ids, nids, pids, npids, holds, cap)) > cap)
-	{
-		cap = n + n / 2;
-		holds = repalloc(holds, sizeof(RLRegistryHold) * cap);
-	}
-	qsort(holds, n, sizeof(RLRegistryHold), hold_cmp);
-	*nholds = n;
-	return holds;
-}
-
-/* Sort ids and drop duplicates; returns how many remain */
-static int
-sort_unique(uint64 *ids, int n)
-{
-	int			m = 0;
-	int			i;
-
-	qsort(ids, n, sizeof(uint64), u64_cmp);
-	for (i = 0; i < n; i++)
-		if (m == 0 || ids[m - 1] != ids[i])
-			ids[m++] = ids[i];
-	return m;
-}
-
-/* The edges of a wait for Redis locks: the conflicting holds of its keys */
-static void
-redis_edges(Check *c, Step *node, const RLWaitId *keys, int nkeys)
-{
-	int			cap = 4;
-	int			k;
-
-	node->edges = palloc(sizeof(Edge) * cap);
-	for (k = 0; k < nkeys; k++)
-	{
-		int			lo = 0;
-		int			hi = c->nholds;
-
-		/* the first hold of the key */
-		while (lo < hi)
-		{
-			int			mid = lo + (hi - lo) / 2;
-
-			if (c->holds[mid].key_id < keys[k].id)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
-		for (; lo < c->nholds && c->holds[lo].key_id == keys[k].id; lo++)
-		{
-			RLRegistryHold *h = &c->holds[lo];
-
-			if (h->pid == node->pid || !modes_conflict(keys[k].protocol, h->protocol))
-				continue;
-			if (node->nedges == cap)
-			{
-				cap *= 2;
-				node->edges = repalloc(node->edges, sizeof(Edge) * cap);
-			}
-			node->edges[node->nedges].pid = h->pid;
-			node->edges[node->nedges].key_id = h->key_id;
-			node->edges[node->nedges].hold = h;
-			node->edges[node->nedges].protocol = keys[k].protocol;
-			node->nedges++;
-		}
-	}
-}
-
-/* Put pid on the path, with the edges of whatever it waits for */
-static void
-push(Check *c, int pid)
-{
-	Step	   *node;
-	Waiter	   *w;
-
-	if (c->depth == c->path_cap)
-	{
-		c->path_cap *= 2;
-		c->path = repalloc(c->path, sizeof(Step) * c->path_cap);
-	}
-	node = &c->path[c->depth++];
-	memset(node, 0, sizeof(Step));
-	node->pid = pid;
-	c->followed++;
-	if (pid == MyProcPid)
-	{
-		node->redis = true;
-		node->record = -1;
-		node->seq = mine.seq;
-		redis_edges(c, node, mine_keys, mine.nkeys);
-	}
-	else if ((w = find_waiter(c, pid)) != NULL)
-	{
-		node->redis = true;
-		node->record = w->record;
-		node->seq = w->r.seq;
-		redis_edges(c, node, w->keys, w->nkeys);
-	}
-	else
-	{
-		int32	   *pids;
-		int			n;
-		int			i;
-
-		/* the wait's identity first: a confirmation compares it afterwards */
-		node->wait_start = wait_start_of(pid);
-		pids = blocking_pids(pid, &n);
-		node->edges = palloc(sizeof(Edge) * Max(n, 1));
-		for (i = 0; i < n; i++)
-		{
-			/* 0: a prepared transaction, which never waits */
-			if (pids[i] == 0 || pids[i] == pid)
-				continue;
-			node->edges[node->nedges].pid = pids[i];
-			node->edges[node->nedges].key_id = 0;
-			node->edges[node->nedges].hold = NULL;
-			node->edges[node->nedges].protocol = RL_PROTOCOL_SIMPLE;
-			node->nedges++;
-		}
-	}
-}
-
-/*
- * Depth-first from this backend along the edges; true when one leads back
- * to it: then c->path is the cycle, each node's edges[next - 1] the edge
- * taken.  Each process is looked at once (at most one pg_blocking_pids()
- * call each).
- */
-static bool
-search(Check *c)
-{
-	HASHCTL		ctl;
-	bool		found;
-
-	memset(&ctl, 0, sizeof(ctl));
-	ctl.keysize = sizeof(int);
-	ctl.entrysize = sizeof(int);
-	ctl.hcxt = CurrentMemoryContext;
-	c->seen = hash_create("redis_lock deadlock search", 64, &ctl,
-						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	c->path_cap = 8;
-	c->path = palloc(sizeof(Step) * c->path_cap);
-	c->depth = 0;
-	(void) hash_search(c->seen, &MyProcPid, HASH_ENTER, NULL);
-	push(c, MyProcPid);
-	while (c->depth > 0)
-	{
-		Step	   *top = &c->path[c->depth - 1];
-		int			pid;
-
-		if (top->next >= top->nedges)
-		{
-			c->depth--;			/* a dead end: never looked at again */
-			continue;
-		}
-		pid = top->edges[top->next++].pid;
-		if (pid == MyProcPid)
-			return true;
-		(void) hash_search(c->seen, &pid, HASH_ENTER, &found);
-		if (!found)
-			push(c, pid);
-	}
-	return false;
-}
-
-/*
- * Is the cycle real?  The search read the processes at different moments,
- * S; a process on it may have stopped waiting in between (released the
- * lock, then began another wait), and failing a transaction for a cycle
- * that never was all at once would be worse than a late detection.  And the
- * registry may still show a hold Redis no longer has.  So: (0) the caller
- * asked Redis, at a moment T' after S, and every hold on the cycle was
- * there with its holder's owner value (rl_deadlock_confirm checks that
- * before calling this); then, with victim_lock held, (1) the registry's
- * pass shows every one of those holds (same slot, same owner value) at a
- * moment T after T'; then (2) every PostgreSQL waiter is still blocked by
- * the next process, in the same wait as when the search looked (its
- * waitStart, 14+); then (3) every Redis waiter still has the publication
- * the search followed.  Each process was then waiting over an interval from
- * S to T, and a waiting process takes and gives up nothing, so at T' every
- * edge of the cycle held at once, in Redis too.  (On 13 a PostgreSQL
- * waiter's wait has no identity: (2) only sees it blocked by the next.)
- * Another member of the cycle that confirms it after us finds our record
- * withdrawn, so it does not fail too.
- */
-static bool
-confirm_cycle(Check *c)
-{
-	uint64	   *ids = palloc(sizeof(uint64) * Max(c->depth, 1));
-	int		   *pids = palloc(sizeof(int) * Max(c->depth, 1));
-	RLRegistryHold *holds;
-	int			nids = 0;
-	int			nholds;
-	int			i;
-	int			j;
-	bool		ok = true;
-
-	for (i = 0; i < c->depth; i++)
-		if (c->path[i].redis)
-		{
-			pids[nids] = c->path[i].edges[c->path[i].next - 1].pid;
-			ids[nids++] = c->path[i].edges[c->path[i].next - 1].key_id;
-		}
-	holds = holds_of(ids, sort_unique(ids, nids), pids,
-					 sort_unique_pids(pids, nids), &nholds);
-	for (i = 0; i < c->depth && ok; i++)
-	{
-		Step	   *n = &c->path[i];
-		Edge	   *e = &n->edges[n->next - 1];
-
-		if (!n->redis)
-			continue;
-		ok = false;
-		for (j = 0; j < nholds && !ok; j++)
-			ok = holds[j].key_id == e->key_id && holds[j].pid == e->pid &&
-				holds[j].slot == e->hold->slot &&
-				strcmp(holds[j].owner, e->hold->owner) == 0 &&
-				modes_conflict(e->protocol, holds[j].protocol);
-	}
-	for (i = 0; i < c->depth && ok; i++)
-	{
-		Step	   *n = &c->path[i];
-		int32	   *blockers;
-		int			nb;
-
-		if (n->redis)
-			continue;
-		blockers = blocking_pids(n->pid, &nb);
-		ok = false;
-		for (j = 0; j < nb && !ok; j++)
-			ok = blockers[j] == n->edges[n->next - 1].pid;
-		ok = ok && wait_start_of(n->pid) == n->wait_start;
-	}
-	if (ok)
-	{
-		LWLockAcquire(dl->records_lock, LW_SHARED);
-		for (i = 0; i < c->depth && ok; i++)
-		{
-			Step	   *n = &c->path[i];
-
-			if (n->redis && n->record >= 0)
-				ok = dl->records[n->record].pid == n->pid &&
-					dl->records[n->record].seq == n->seq;
-		}
-		LWLockRelease(dl->records_lock);
-	}
-	return ok;
-}
-
-/* "ShareLock on transaction 745": what pid waits for, or NULL */
-static char *
-describe_pg_wait(int pid)
-{
-	BlockedProcsData *d = GetBlockerStatusData(pid);
-	int			pass;
-	int			i;
-	int			j;
-
-	/* its own wait first, else one of its lock group's (parallel workers) */
-	for (pass = 0; pass < 2; pass++)
-	{
-		for (i = 0; i < d->nprocs; i++)
-		{
-			BlockedProcData *bp = &d->procs[i];
-
-			if (pass == 0 && bp->pid != pid)
-				continue;
-			for (j = bp->first_lock; j < bp->first_lock + bp->num_locks; j++)
-			{
-				LockInstanceData *li = &d->locks[j];
-				StringInfoData tag;
-
-				if (li->pid != bp->pid || li->waitLockMode == NoLock)
-					continue;
-				initStringInfo(&tag);
-				DescribeLockTag(&tag, &li->locktag);
-				return psprintf("%s on %s",
-								GetLockmodeName(li->locktag.locktag_lockmethodid,
-												li->waitLockMode),
-								tag.data);
-			}
-		}
-	}
-	return NULL;
-}
-
-/*
- * What a confirmed cycle c->path is reported with, as PostgreSQL's
- * DeadLockReport does: one line per process for the client (*client), the
- * same plus each process's query for the server log (*log), allocated in
- * the current memory context.
- */
-static void
-describe_cycle(Check *c, char **client_out, char **log_out)
-{
-	StringInfoData client;
-	StringInfoData log;
-	int			i;
-
-	initStringInfo(&client);
-	initStringInfo(&log);
-	for (i = 0; i < c->depth; i++)
-	{
-		Step	   *n = &c->path[i];
-		Edge	   *e = &n->edges[n->next - 1];
-
-		if (i > 0)
-			appendStringInfoChar(&client, '\n');
-		if (n->redis)
-			appendStringInfo(&client,
-							 e->protocol == RL_PROTOCOL_RW_READ ?
-							 "Process %d waits for a read hold of Redis lock \"%s\"; blocked by process %d." :
-							 e->protocol == RL_PROTOCOL_RW_WRITE ?
-							 "Process %d waits for the write hold of Redis lock \"%s\"; blocked by process %d." :
-							 "Process %d waits for Redis lock \"%s\"; blocked by process %d.",
-							 n->pid, e->hold->key + e->hold->name_off, e->pid);
-		else
-		{
-			char	   *what = describe_pg_wait(n->pid);
-
-			if (what != NULL)
-				appendStringInfo(&client,
-								 "Process %d waits for %s; blocked by process %d.",
-								 n->pid, what, e->pid);
-			else
-				appendStringInfo(&client,
-								 "Process %d waits for a PostgreSQL lock; blocked by process %d.",
-								 n->pid, e->pid);
-		}
-	}
-	appendStringInfoString(&log, client.data);
-	for (i = 0; i < c->depth; i++)
-		appendStringInfo(&log, "\nProcess %d: %s", c->path[i].pid,
-						 pgstat_get_backend_current_activity(c->path[i].pid, false));
-	*client_out = client.data;
-	*log_out = log.data;
-}
 
 /*
  * The holds on the cycle c->path, for the caller to ask Redis about (one
@@ -1163,8 +441,8 @@ run_check(void)
 								ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(cxt);
 	c = palloc0(sizeof(Check));
-	print = scan_procs(c, &blocked);
-	print = snapshot_waiters(c, print);
+	print = rl_dl_scan_procs(c, &blocked);
+	print = rl_dl_snapshot_waiters(c, print);
 	if (quiet_valid && print == quiet_print)
 	{
 		ereport(DEBUG1,
@@ -1179,23 +457,23 @@ run_check(void)
 								 (long) (GetCurrentTimestamp() - started))));
 		goto quiet;
 	}
-	read_segments(c);
+	rl_dl_read_segments(c);
 
 	/* the holds of every lock a wait waits for, in one pass */
-	nids = mine.nkeys;
+	nids = rl_dl_mine.nkeys;
 	for (i = 0; i < c->nwaiters; i++)
 		nids += c->waiters[i].nkeys;
 	ids = palloc(sizeof(uint64) * (nids + 1));
 	nids = 0;
-	for (k = 0; k < mine.nkeys; k++)
-		ids[nids++] = mine_keys[k].id;
+	for (k = 0; k < rl_dl_mine.nkeys; k++)
+		ids[nids++] = rl_dl_mine_keys[k].id;
 	for (i = 0; i < c->nwaiters; i++)
 		for (k = 0; k < c->waiters[i].nkeys; k++)
 			ids[nids++] = c->waiters[i].keys[k].id;
-	nids = sort_unique(ids, nids);
-	c->holds = holds_of(ids, nids, c->waiting, c->nwaiting, &c->nholds);
+	nids = rl_dl_sort_unique(ids, nids);
+	c->holds = rl_dl_holds_of(ids, nids, c->waiting, c->nwaiting, &c->nholds);
 
-	if (!search(c))
+	if (!rl_dl_search(c))
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("redis_lock deadlock check: no cycle; %d other process(es) waiting, %d Redis hold(s) of %d lock(s) waited for, %d process(es) followed, %ld us",
@@ -1272,7 +550,7 @@ rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds, int *nholds)
 /*
  * Decide the cycle the last rl_deadlock_check_due found, once the caller
  * has asked Redis about its holds: when Redis has every one and the cycle
- * still holds here (confirm_cycle), fail this backend's wait with 40P01, as
+ * still holds here (rl_dl_confirm_cycle), fail this backend's wait with 40P01, as
  * PostgreSQL's own detector does; otherwise the wait goes on.  No-op when
  * no cycle is pending.
  */
@@ -1312,11 +590,11 @@ rl_deadlock_confirm(void)
 	}
 	else
 	{
-		LWLockAcquire(dl->victim_lock, LW_EXCLUSIVE);
-		confirmed = confirm_cycle(c);
+		LWLockAcquire(rl_dl->victim_lock, LW_EXCLUSIVE);
+		confirmed = rl_dl_confirm_cycle(c);
 		if (confirmed)
 			withdraw_record();	/* gone before the next member looks */
-		LWLockRelease(dl->victim_lock);
+		LWLockRelease(rl_dl->victim_lock);
 		if (!confirmed)
 			ereport(DEBUG1,
 					(errmsg_internal("redis_lock deadlock check: a cycle of %d process(es) was not confirmed",
@@ -1324,7 +602,7 @@ rl_deadlock_confirm(void)
 	}
 	MemoryContextSwitchTo(old);
 	if (confirmed)
-		describe_cycle(c, &client, &log);
+		rl_dl_describe_cycle(c, &client, &log);
 	/* the round trip took its time: the next check is deadlock_timeout away */
 	next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), recheck_ms);
 	quiet_valid = false;

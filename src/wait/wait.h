@@ -3,7 +3,8 @@
  * wait.h
  *	  The waiting subsystem: server-local queues of backends waiting for
  *	  the same lock (waitqueue.c) and deadlocks through Redis locks and
- *	  PostgreSQL locks (deadlock.c).
+ *	  PostgreSQL locks (deadlock.c, deadlock_graph.c; what these two share
+ *	  is wait_int.h).
  *
  *	  Owns: the wait queues and published waits in shared memory.  Must not:
  *	  send to Redis itself (a confirmation is asked by the caller).
@@ -27,7 +28,11 @@
  *	  (waitqueue.c): one of them contends in Redis, the others sleep.
  * ----------------------------------------------------------------
  */
-extern void rl_waitq_init(void);
+struct LWLock;
+
+extern Size rl_waitq_shmem_size(int nseats);
+extern void rl_waitq_shmem_init(void *area, int nseats, struct LWLock *lock,
+								bool found);
 extern uint64 rl_waitq_id(const char *target_spec, const char *key);
 extern bool rl_waitq_any(void);
 extern bool rl_waitq_has_waiters(uint64 lock_id);
@@ -88,7 +93,10 @@ typedef struct RLDeadlockHold
  * the cycle is real.  A hold Redis was not asked about, or did not answer
  * for, stays !in_redis: no deadlock is reported for it.
  */
-extern void rl_deadlock_init(void);
+extern Size rl_deadlock_shmem_size(int nrecords);
+extern void rl_deadlock_shmem_init(void *area, int nrecords,
+								   struct LWLock *records_lock,
+								   struct LWLock *victim_lock, bool found);
 extern void rl_deadlock_wait_begin(const RLWaitKey *keys, int nkeys);
 extern void rl_deadlock_wait_keys(const RLWaitKey *keys, int nkeys);
 extern TimestampTz rl_deadlock_wake_at(TimestampTz deadline);

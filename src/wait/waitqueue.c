@@ -61,7 +61,9 @@ typedef struct RLQueueSeat
  */
 typedef struct RLWaitQueues
 {
-	LWLock	   *lock;
+	LWLock	   *lock;			/* the wait-queue lock: no other lock of the
+								 * extension is taken while it is held
+								 * (interface/shmem.c) */
 	pg_atomic_uint32 nseated;	/* seats in use: 0 keeps the check O(1) */
 	uint64		next_ticket;
 	int			nseats;
@@ -69,86 +71,33 @@ typedef struct RLWaitQueues
 } RLWaitQueues;
 
 static RLWaitQueues *queues = NULL;
-static int	queue_capacity = 0;
 static RLQueueSeat *my_seat = NULL; /* set while this backend waits */
 static bool exit_hook_set = false;
 
-#if PG_VERSION_NUM >= 150000
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
-/* Processes that can run SQL (backends, autovacuum, bgworkers, walsenders) */
-static int
-max_sql_processes(void)
-{
-#if PG_VERSION_NUM >= 150000
-	return MaxBackends;
-#else
-	/* MaxBackends is not computed yet when _PG_init requests shared memory */
-	return MaxConnections + autovacuum_max_workers + 1 + max_worker_processes +
-		max_wal_senders;
-#endif
-}
-
-static Size
-queues_size(void)
+/* Room for nseats seats in the extension's area (interface/shmem.c) */
+Size
+rl_waitq_shmem_size(int nseats)
 {
 	return add_size(offsetof(RLWaitQueues, seats),
-					mul_size(queue_capacity, sizeof(RLQueueSeat)));
+					mul_size(nseats, sizeof(RLQueueSeat)));
 }
 
-/* shmem_request_hook: room for the seats and their LWLock */
-static void
-redis_lock_waitq_shmem_request(void)
+/*
+ * The queues at area, nseats seats (one per process that can run SQL),
+ * with lock their LWLock: every seat empty when just created (!found)
+ */
+void
+rl_waitq_shmem_init(void *area, int nseats, LWLock *lock, bool found)
 {
-#if PG_VERSION_NUM >= 150000
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-#endif
-	queue_capacity = max_sql_processes();
-	RequestAddinShmemSpace(queues_size());
-	RequestNamedLWLockTranche("redis_lock wait queues", 1);
-}
-
-/* shmem_startup_hook: create (every seat empty) or attach the queues */
-static void
-redis_lock_waitq_shmem_startup(void)
-{
-	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-	if (queue_capacity == 0)
-		queue_capacity = max_sql_processes();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	queues = ShmemInitStruct("redis_lock wait queues", queues_size(), &found);
+	queues = (RLWaitQueues *) area;
 	if (!found)
 	{
-		memset(queues, 0, queues_size());
-		queues->lock = &(GetNamedLWLockTranche("redis_lock wait queues"))->lock;
+		memset(queues, 0, rl_waitq_shmem_size(nseats));
+		queues->lock = lock;
 		pg_atomic_init_u32(&queues->nseated, 0);
 		queues->next_ticket = 1;
-		queues->nseats = queue_capacity;
+		queues->nseats = nseats;
 	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Called from _PG_init: the shared-memory hooks, only when preloading */
-void
-rl_waitq_init(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-#if PG_VERSION_NUM >= 150000
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = redis_lock_waitq_shmem_request;
-#else
-	redis_lock_waitq_shmem_request();
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = redis_lock_waitq_shmem_startup;
 }
 
 /*

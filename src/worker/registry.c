@@ -2,13 +2,19 @@
  *
  * registry.c
  *	  Owns the shared-memory registry of every backend's Redis locks: its
- *	  layout and shared-memory hooks, and the calls through which backends
- *	  add, update, hand off, reclaim and remove their slots, and read the
- *	  registry (redis_lock_locks, deadlock.c).
+ *	  layout, its part of the extension's shared memory (sized and set up
+ *	  from interface/shmem.c, which owns the hooks), and the calls through
+ *	  which backends add, update, hand off, reclaim and remove their slots,
+ *	  and read the registry (redis_lock_locks, deadlock.c).
+ *
+ *	  The registry lock (RLShared.lock) comes after deadlock.c's victim
+ *	  lock and before ProcArrayLock in the extension's lock order
+ *	  (interface/shmem.c); no other lock of the extension is taken while
+ *	  it is held.
  *
  *	  All of it exists only with shared_preload_libraries = 'redis_lock';
  *	  otherwise every function here is a cheap no-op.  Backends write only
- *	  their own slots; the worker (watchdog.c) only marks slots renewed or
+ *	  their own slots; the worker (watchjobs.c) only marks slots renewed or
  *	  lost and frees orphans, always checking the slot's generation so a
  *	  result never lands on a reused slot.
  *
@@ -53,18 +59,16 @@ typedef struct RLRoleSlots
 
 static HTAB *role_slots = NULL;
 
-#if PG_VERSION_NUM >= 150000
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
 /* ----------------------------------------------------------------
  * Shared memory
  * ----------------------------------------------------------------
  */
-/* The registry: its header, the slots and the free list */
-static Size
-registry_size(void)
+/*
+ * Room for the registry in the extension's area (interface/shmem.c): its
+ * header, the slots and the free list
+ */
+Size
+rl_registry_shmem_size(void)
 {
 	Size		sz = offsetof(RLShared, slots);
 
@@ -74,44 +78,24 @@ registry_size(void)
 }
 
 /*
- * What the registry and the hash of slots per role take together: the hash
- * is allocated apart from the registry (ShmemInitHash), so the registry
- * itself is registry_size() only.  (It was shared_size(), which made the
- * two together ask for the hash's room twice: PostgreSQL 19 refuses to
+ * Room for the hash of slots per role, which ShmemInitHash allocates apart
+ * from the area, so the area holds rl_registry_shmem_size() only.  (The
+ * registry once asked for the hash's room twice: PostgreSQL 19 refuses to
  * start when redis_lock.max_locks is large enough that the second copy no
  * longer fits in the slack.)
  */
-static Size
-shared_size(void)
+Size
+rl_registry_hash_size(void)
 {
-	return add_size(registry_size(),
-					hash_estimate_size(registry_capacity, sizeof(RLRoleSlots)));
+	return hash_estimate_size(registry_capacity, sizeof(RLRoleSlots));
 }
 
-/* shmem_request_hook: room for the registry and its LWLock */
+/* The hash of slots per role: created, or attached (AddinShmemInitLock held) */
 static void
-redis_lock_registry_shmem_request(void)
+attach_role_slots(void)
 {
-#if PG_VERSION_NUM >= 150000
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-#endif
-	RequestAddinShmemSpace(shared_size());
-	RequestNamedLWLockTranche("redis_lock", 1);
-}
-
-/* shmem_startup_hook: create (empty) or attach the registry */
-static void
-redis_lock_registry_shmem_startup(void)
-{
-	bool		found;
-	int			i;
 	HASHCTL		ctl;
 
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(Oid);
 	ctl.entrysize = sizeof(RLRoleSlots);
@@ -123,13 +107,26 @@ redis_lock_registry_shmem_startup(void)
 	role_slots = ShmemInitHash("redis_lock slots per role", registry_capacity,
 							   registry_capacity, &ctl, HASH_ELEM | HASH_BLOBS);
 #endif
-	rl_shared = ShmemInitStruct("redis_lock registry", registry_size(), &found);
+}
+
+/*
+ * The registry at area, with lock its LWLock (the registry lock): every
+ * slot free when just created (!found), also after a crash: nothing is
+ * resurrected.  Called from the shmem_startup_hook with AddinShmemInitLock
+ * held.
+ */
+void
+rl_registry_shmem_init(void *area, LWLock *lock, bool found)
+{
+	int			i;
+
+	attach_role_slots();
+	rl_shared = (RLShared *) area;
 	freelist = (int *) &rl_shared->slots[registry_capacity];
 	if (!found)
 	{
-		/* a fresh start, also after a crash: nothing is resurrected */
-		memset(rl_shared, 0, registry_size());
-		rl_shared->lock = &(GetNamedLWLockTranche("redis_lock"))->lock;
+		memset(rl_shared, 0, rl_registry_shmem_size());
+		rl_shared->lock = lock;
 		pg_atomic_init_u32(&rl_shared->lost_events, 0);
 		pg_atomic_init_u32(&rl_shared->settled_events, 0);
 		for (i = 0; i < RL_NUM_LANES; i++)
@@ -139,7 +136,6 @@ redis_lock_registry_shmem_startup(void)
 		for (i = 0; i < registry_capacity; i++)
 			freelist[i] = registry_capacity - 1 - i;
 	}
-	LWLockRelease(AddinShmemInitLock);
 	/* backends hand what they may not wait for to the worker */
 	rl_held_work_to_worker = true;
 }
@@ -151,20 +147,14 @@ rl_watchdog_enabled(void)
 	return rl_shared != NULL;
 }
 
-/* Called from rl_watchdog_init while preloading: the shared-memory hooks */
+/*
+ * Called from rl_watchdog_init while preloading, before the shared memory
+ * is sized (interface/shmem.c): the registry's capacity
+ */
 void
 rl_registry_init(void)
 {
 	registry_capacity = rl_max_locks;
-
-#if PG_VERSION_NUM >= 150000
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = redis_lock_registry_shmem_request;
-#else
-	redis_lock_registry_shmem_request();
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = redis_lock_registry_shmem_startup;
 }
 
 /* ----------------------------------------------------------------

@@ -3,8 +3,8 @@
  * worker.h
  *	  The worker subsystem: the shared-memory registry of every backend's
  *	  locks (registry.c), the background worker that renews them and cleans
- *	  up what exited backends left (watchdog.c), and its keyspace-event
- *	  subscriptions (watchevents.c).
+ *	  up what exited backends left (watchdog.c, watchjobs.c), and its
+ *	  keyspace-event subscriptions (watchevents.c).
  *
  *	  Owns: the registry and the worker process.  Must not: know a backend's
  *	  lock table; a backend reaches the registry only through these calls.
@@ -87,7 +87,7 @@ typedef struct RLLockInfo
  * what the registry knows of it, and what asking Redis whether it is still
  * there takes (rl_registry_hold_target gives where it lives).
  */
-typedef struct RLRegistryHold
+struct RLRegistryHold
 {
 	uint64		key_id;			/* rl_registry_key_id() of its lock */
 	int			pid;			/* the backend holding it */
@@ -97,10 +97,16 @@ typedef struct RLRegistryHold
 	uint16		name_off;		/* the lock's name is key + name_off */
 	char		key[RL_MAX_KEY_LEN + 1];	/* its Redis key */
 	char		owner[RL_OWNER_LEN + 1];	/* the holder's owner value */
-} RLRegistryHold;
+};
 
 extern bool rl_watchdog_enabled(void);
 extern void rl_watchdog_init(void);
+struct LWLock;
+
+extern Size rl_registry_shmem_size(void);
+extern Size rl_registry_hash_size(void);
+extern void rl_registry_shmem_init(void *area, struct LWLock *lock,
+								   bool found);
 extern int	rl_registry_add(const char *name, const RLLockNames *names,
 							RLTarget *target, int64 lease_ms);
 extern void rl_registry_update(int slot, const RLLockState *st, const char *owner,

@@ -22,8 +22,8 @@
 /* ----------------------------------------------------------------
  * From registry_int:
  *	  The layout of the shared registry, for registry.c, which owns it, and
- *	  the watchdog worker (watchdog.c), which renews and frees its slots,
- *	  and its keyspace watch (watchevents.c).  Nothing else includes this:
+ *	  the watchdog worker (watchdog.c, watchjobs.c), which renews and frees
+ *	  its slots, and its keyspace watch (watchevents.c).  Nothing else includes this:
  *	  backends use the calls of worker.h.
  * ----------------------------------------------------------------
  */
@@ -113,7 +113,10 @@ typedef struct RLSharedTarget
 
 typedef struct RLShared
 {
-	LWLock	   *lock;
+	LWLock	   *lock;			/* the registry lock: after deadlock.c's
+								 * victim lock, before ProcArrayLock; no
+								 * other lock of the extension is taken while
+								 * it is held (interface/shmem.c) */
 	Latch	   *worker_latch[RL_NUM_LANES];
 	pg_atomic_uint32 lost_events;	/* bumped whenever a slot is marked lost */
 	pg_atomic_uint32 settled_events;	/* bumped whenever an orphan is freed */
@@ -149,5 +152,102 @@ extern void rl_slot_free(int idx);
 /* watchevents.c: the worker's keyspace watch of the locks it renews */
 extern void rl_watch_events_sync(RLLane lane);
 extern void rl_watch_events_wait(long sleep_ms);
+
+/* ----------------------------------------------------------------
+ * From watchdog:
+ *	  What the workers' cycle (watchdog.c) and their jobs (watchjobs.c)
+ *	  share.
+ * ----------------------------------------------------------------
+ */
+typedef enum JobKind
+{
+	JOB_RENEW,
+	JOB_RELEASE
+} JobKind;
+
+/*
+ * One thing to do for a slot, copied out of the registry so that the
+ * registry's lock is not held while names are built or Redis is asked.
+ */
+typedef struct Job
+{
+	JobKind		kind;
+	int			slot;
+	uint32		generation;
+	int			target;
+	RLProtocol	protocol;
+	bool		script_free;
+	int			permits;		/* a semaphore's */
+	int64		lease_ms;
+	TimestampTz due;			/* renew: last renewal + lease/3, the latest
+								 * moment to send it; release: now */
+	TimestampTz horizon;		/* the key cannot outlive this */
+	bool		late_grant;		/* release: a grant may still land */
+	bool		retry;			/* its last attempt failed */
+	bool		failing;		/* its target's last attempts failed */
+	bool		gave_up;		/* release: dropped, refused to the end */
+	bool		lost_now;		/* renew: found lost by this round */
+	int			holder_pid;		/* renew: its backend */
+	uint8		on_lost;		/* renew: what its holder is made to do */
+	uint8		lost_cause;		/* renew, lost_now: why */
+	int			name_off;		/* the lock's name in key */
+	char	   *key;
+	char	   *owner;
+	char	   *release_prefix; /* release: publish key on this + key ("":
+								 * no) */
+} Job;
+
+/* What one pass did, for the process title and the log */
+typedef struct PassStats
+{
+	int			jobs;
+	int			renewed;
+	int			released;
+	int			failed;
+	int			rounds;
+	int			late;			/* renewals sent after their deadline */
+	long		late_ms;		/* by how much, at most */
+} PassStats;
+
+/*
+ * What the worker remembers between cycles, in its own memory.  Per slot:
+ * how many renewals or releases failed in a row and when to try again, so a
+ * Redis that is down costs a few attempts per lease, not one per cycle.
+ * (Per target, whether it is failing and when that was last logged, so the
+ * log gets a line per target every LOG_EVERY_MS, not one per attempt, is
+ * in RLSharedTarget: the lanes share it.)
+ */
+typedef struct SlotRetry
+{
+	uint32		generation;		/* of the slot when it failed */
+	int			failures;
+	int			answered;		/* late-grant watch: definite answers in a
+								 * row (a refusal for good counts) */
+	int			refusals;		/* release: refused for good, in a row */
+	long		backoff_ms;
+	TimestampTz retry_at;		/* not before this (failures, or watching) */
+} SlotRetry;
+
+/*
+ * The prompt lane waits at most this long for a connection (name resolution
+ * included) and for the replies of a round, whatever connect_timeout and
+ * command_timeout say: a round that fails within it moves its target to the
+ * slow lane, whose worker waits the full timeouts (and retries at once what
+ * failed here).  A round in the slow lane that answered every op within it
+ * moves its target back.  So a target that stops answering holds up the
+ * prompt lane once, for at most this long per connect and per round trip.
+ */
+#define RL_PROMPT_WAIT_MS	1000
+
+/* What the cycle (watchdog.c) and the jobs (watchjobs.c) share */
+extern RLLane rl_wd_lane;
+extern bool rl_wd_prompt_bound;
+extern SlotRetry *rl_wd_retries;
+extern bool rl_wd_has_failed(int slot, uint32 generation);
+extern bool rl_wd_not_yet(int slot, uint32 generation, TimestampTz now);
+extern void rl_wd_note_outcome(Job *j, bool failed, TimestampTz now);
+extern int	rl_wd_run_round(Job *jobs, int n, RLTarget *t,
+							RLSharedTarget *target, PassStats *ps,
+							char **problem, MemoryContext problem_cxt);
 
 #endif							/* RL_WORKER_INT_H */
