@@ -20,6 +20,7 @@
 #include "executor/executor.h"
 #include "fmgr.h"
 #include "nodes/parsenodes.h"
+#include "parser/analyze.h"
 #include "tcop/utility.h"
 #include "utils/elog.h"
 
@@ -40,6 +41,7 @@ static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 static ExecutorStart_hook_type prev_ExecutorStart = NULL;
 static ExecutorRun_hook_type prev_ExecutorRun = NULL;
 static ExecutorFinish_hook_type prev_ExecutorFinish = NULL;
+static post_parse_analyze_hook_type prev_post_parse_analyze = NULL;
 
 /*
  * Does a utility statement go on with the transaction (so that a lock lost
@@ -87,8 +89,6 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 
 	if (continues_transaction(stmt))
 		rl_lost_check_statement();
-	if (rl_watchdog_enabled())
-		rl_lost_keep_context();
 	rl_lost_push_context(&loss_context);
 	if (prev_ProcessUtility)
 		prev_ProcessUtility(pstmt, queryString, readOnlyTree_arg context,
@@ -102,6 +102,33 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 }
 
 /*
+ * post_parse_analyze_hook: every statement, simple or extended protocol,
+ * is analysed outside any PG_TRY block, where the loss callback put at the
+ * bottom of error_context_stack stays until the next error's recovery
+ * (rl_lost_keep_context): so the worker's cancel that lands while the
+ * statement is planned, in ExecutorStart or ExecutorEnd, or in its commit
+ * is the loss too.
+ */
+#if PG_VERSION_NUM >= 140000
+static void
+redis_lock_post_parse_analyze(ParseState *pstate, Query *query,
+							  JumbleState *jstate)
+{
+	rl_lost_keep_context();
+	if (prev_post_parse_analyze)
+		prev_post_parse_analyze(pstate, query, jstate);
+}
+#else
+static void
+redis_lock_post_parse_analyze(ParseState *pstate, Query *query)
+{
+	rl_lost_keep_context();
+	if (prev_post_parse_analyze)
+		prev_post_parse_analyze(pstate, query);
+}
+#endif
+
+/*
  * ExecutorStart_hook: a lock lost while the session was idle in its
  * transaction fails the transaction before the statement runs
  * (rl_lost_check_statement; O(1) while no lock was found lost).
@@ -109,7 +136,6 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 static void
 redis_lock_ExecutorStart(QueryDesc *queryDesc, int eflags)
 {
-	rl_lost_keep_context();
 	if ((eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0)
 		rl_lost_check_statement();
 	if (prev_ExecutorStart)
@@ -181,5 +207,7 @@ _PG_init(void)
 		ExecutorRun_hook = redis_lock_ExecutorRun;
 		prev_ExecutorFinish = ExecutorFinish_hook;
 		ExecutorFinish_hook = redis_lock_ExecutorFinish;
+		prev_post_parse_analyze = post_parse_analyze_hook;
+		post_parse_analyze_hook = redis_lock_post_parse_analyze;
 	}
 }

@@ -178,17 +178,21 @@ rl_lost_pop_context(ErrorContextCallback *cb)
 
 /*
  * loss_for_cancel at the bottom of error_context_stack, between the
- * statements' hooks too: a cancel that lands while a statement is parsed or
- * planned, in ExecutorStart or ExecutorEnd, or in the commit of a
- * statement outside its verify (a few CHECK_FOR_INTERRUPTS each, hit under
- * load: 1 of about 150 cancels in
- * t/test_lost_edges.py::test_the_workers_cancel_never_lands_as_a_users_cancel)
- * is the loss as well.  Only an empty stack gets it, so it is always the
- * bottom; every code path that pushes restores what it found, and only the
- * top-level error recovery empties the stack, after which the next
- * statement's hooks put it back (rl_lost_keep_context).  The callback does
- * nothing for anything but a cancel, and nothing twice: it runs again for
- * a cancel a hook's own entry made the loss already, and sees 40001.
+ * statements' hooks too: a cancel that lands while a statement is planned,
+ * in ExecutorStart or ExecutorEnd, or in the commit of a statement outside
+ * its verify (a few CHECK_FOR_INTERRUPTS each, hit under load: about 1 in
+ * 50 cancels in
+ * t/test_lost_edges.py::test_the_workers_cancel_never_lands_as_a_users_cancel,
+ * raised from the planner's add_path and from exec_simple_query) is the
+ * loss as well.  Only an empty stack gets it, so it is always the bottom.
+ * It must be put there outside every PG_TRY block: PG_END_TRY restores the
+ * stack it found even when nothing was raised, so an entry put inside one
+ * (ExecutorStart runs inside PortalStart's) is gone when the block ends.
+ * The post-parse-analysis hook is outside them (module.c); from there it
+ * stays until an error's recovery empties the stack, and the next
+ * statement's analysis puts it back.  The callback does nothing for
+ * anything but a cancel, and nothing twice: it runs again for a cancel a
+ * hook's own entry made the loss already, and sees 40001.
  */
 static ErrorContextCallback loss_bottom;
 
