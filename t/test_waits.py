@@ -15,6 +15,7 @@ import threading
 import time
 
 import psycopg2
+import redis
 import pytest
 from redis.lock import Lock
 
@@ -343,3 +344,58 @@ def test_the_view_costs_one_round_trip_for_every_waiter(proxied):
     finally:
         for s in made:
             s.close()
+
+
+# ---------------------------------------------------------------- doc/stuck.md
+
+def stuck_page_blocks():
+    """The ```sql blocks of doc/stuck.md, in order (test_docs.sql_blocks)."""
+    from test_docs import sql_blocks
+    return [code for _, code, _ in sql_blocks("doc/stuck.md")]
+
+
+def run_all(conn, q):
+    with conn.cursor() as cur:
+        cur.execute(q)
+        return [list(r) for r in cur.fetchall()] if cur.description else []
+
+
+def test_the_stuck_page_leads_from_the_wait_to_its_holders(pg, sessions, rc):
+    """Every query of doc/stuck.md, in order, while B waits for
+    'nightly-import' held by SQL session A and C waits for 'report-export'
+    held by redis-py: each finds what the page says it finds, the
+    terminate hands the lock to B, and the force release hands C the lock
+    while the redis-py holder learns it only at its release."""
+    admin = pg.connect()
+    a, b, c = sessions(), sessions(), sessions()
+    assert a.run("SELECT redis_lock_acquire('nightly-import') > 0")
+    lk = Lock(rc, "report-export", timeout=60)
+    assert lk.acquire(blocking=False)
+    b.start("SELECT redis_lock_acquire('nightly-import', wait => '60s')")
+    c.start("SELECT redis_lock_acquire('report-export', wait => '60s')")
+    wait_for_rows(admin, b.pid)
+    wait_for_rows(admin, c.pid)
+    (activity, waits, sql_holder, side_by_side, terminate, foreign,
+     force) = stuck_page_blocks()
+
+    assert {r[0] for r in run_all(admin, activity)} >= {b.pid, c.pid}
+    got = {r[0]: r for r in run_all(admin, waits)}
+    assert got[b.pid][1:3] + got[b.pid][4:6] == ["nightly-import", "exclusive", "sql", a.pid]
+    assert got[c.pid][1:3] + got[c.pid][4:7] == ["report-export", "exclusive", "simple", None,
+                                                 lk.local.token.decode()]
+    assert [(r[0], r[2]) for r in run_all(admin, sql_holder)] == [(b.pid, a.pid)]
+    chain = {r[0]: r for r in run_all(admin, side_by_side)}
+    assert chain[b.pid][1:3] == [[], [a.pid]]
+    assert chain[c.pid][1:3] == [[], []]
+    assert [r[:3] for r in run_all(admin, foreign)] == [[c.pid, "report-export", "simple"]]
+
+    assert run_all(admin, terminate) == [[True]]
+    b.join()
+    assert b.error is None
+
+    assert run_all(admin, force) == [[True]]
+    c.join()
+    assert c.error is None
+    with pytest.raises(redis.exceptions.LockNotOwnedError):
+        lk.release()
+    admin.close()
