@@ -227,6 +227,35 @@ match_registry(Waited *locks, int n)
 }
 
 /*
+ * Is holder h the grant that ends w's wait?  Redis shows it before the
+ * waiter's wait ends (and before a later look at the registry, after the
+ * waits were copied): a backend never waits for itself.
+ */
+static bool
+is_own_grant(const RLWaiter *w, const Holder *h)
+{
+	return h->pid == w->pid || strcmp(h->owner, w->owner) == 0;
+}
+
+/* Append the row of waiter w and holder h (NULL: none) to *rows */
+static void
+add_row(WaitRow **rows, int *n, int *cap, const RLWaiter *w, const Holder *h)
+{
+	WaitRow    *r;
+
+	if (*n == *cap)
+	{
+		*cap *= 2;
+		*rows = repalloc(*rows, sizeof(WaitRow) * *cap);
+	}
+	r = &(*rows)[(*n)++];
+	r->w = w;
+	r->h = h;
+	r->kind = h == NULL ? NULL :
+		h->pid != 0 ? "sql" : rl_protocol_name(w->protocol);
+}
+
+/*
  * Every row of the waits of only_pid (0: of every backend): each key
  * waited for, once per holder Redis reports for it, or once with no
  * holder.  Returns how many; *rows allocated in the current context.
@@ -260,25 +289,20 @@ wait_rows(int only_pid, WaitRow **rows)
 	for (i = 0; i < nw; i++)
 	{
 		Waited	   *l = lock_of[i];
+		int			shown = 0;
 		int			h;
 
 		if (only_pid != 0 && ws[i].pid != only_pid)
 			continue;
-		for (h = 0; h < Max(l != NULL ? l->nholders : 0, 1); h++)
+		for (h = 0; l != NULL && h < l->nholders; h++)
 		{
-			WaitRow    *r;
-
-			if (nrows == cap)
-			{
-				cap *= 2;
-				*rows = repalloc(*rows, sizeof(WaitRow) * cap);
-			}
-			r = &(*rows)[nrows++];
-			r->w = &ws[i];
-			r->h = l != NULL && l->nholders > 0 ? &l->holders[h] : NULL;
-			r->kind = r->h == NULL ? NULL :
-				r->h->pid != 0 ? "sql" : rl_protocol_name(ws[i].protocol);
+			if (is_own_grant(&ws[i], &l->holders[h]))
+				continue;
+			add_row(rows, &nrows, &cap, &ws[i], &l->holders[h]);
+			shown++;
 		}
+		if (shown == 0)
+			add_row(rows, &nrows, &cap, &ws[i], NULL);
 	}
 	return nrows;
 }

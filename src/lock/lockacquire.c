@@ -747,12 +747,13 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	{
 		RLWaitKey	wk = {e->target->spec, e->names.key, e->names.protocol};
 		const char *wname = e->name;
+		const char *wowner = e->names.owner;
 
 		/*
 		 * A semaphore's waiter waits for no holder in particular (any of
 		 * them may give a permit back): no deadlock is found through it.
 		 */
-		rl_waiters_begin(&wk, &wname, 1);
+		rl_waiters_begin(&wk, &wname, &wowner, 1);
 		if (mode != RL_MODE_PERMIT)
 			rl_deadlock_wait_begin(&wk, 1);
 		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);

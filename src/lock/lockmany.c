@@ -345,6 +345,7 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	MemoryContext old;
 	RLWaitKey  *wait_keys;
 	const char **wait_names;
+	const char **wait_owners;
 	int			nwait = 0;
 	int			i;
 
@@ -383,16 +384,18 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	 */
 	wait_keys = palloc(sizeof(RLWaitKey) * c->n);
 	wait_names = palloc(sizeof(char *) * c->n);
+	wait_owners = palloc(sizeof(char *) * c->n);
 	for (i = 0; i < c->n; i++)
 	{
 		if (c->m[i].held)
 			continue;
 		wait_names[nwait] = c->m[i].name;
+		wait_owners[nwait] = pstrdup(c->m[i].e->names.owner);
 		wait_keys[nwait].target_spec = c->target->spec;
 		wait_keys[nwait].key = pstrdup(c->m[i].e->names.key);
 		wait_keys[nwait++].protocol = c->m[i].e->names.protocol;
 	}
-	rl_waiters_begin(wait_keys, wait_names, nwait);
+	rl_waiters_begin(wait_keys, wait_names, wait_owners, nwait);
 	rl_deadlock_wait_begin(wait_keys, nwait);
 
 	for (;;)

@@ -122,18 +122,21 @@ typedef struct RLWaiter
 	const char *target_spec;	/* RLTarget.spec of where it lives */
 	const char *name;			/* the lock's SQL name */
 	const char *key;			/* its Redis key */
+	const char *owner;			/* the owner value its grant will have */
 	RLProtocol	protocol;		/* the hold waited for (RLWaitKey) */
 } RLWaiter;
 
 /*
- * A wait goes: rl_waiters_begin(keys, names, n) as it starts, then
+ * A wait goes: rl_waiters_begin(keys, names, owners, n) as it starts, then
  * rl_waiters_end(); an ERROR ending the wait needs no call.  Every key of
- * one wait is on keys[0].target_spec.
+ * one wait is on keys[0].target_spec; names[i] is the SQL name of keys[i],
+ * owners[i] the owner value its grant will have (so that a grant Redis
+ * shows before the wait ends is not taken for another holder).
  */
 extern Size rl_waiters_shmem_size(int nslots);
 extern void rl_waiters_shmem_init(void *area, int nslots, bool found);
 extern void rl_waiters_begin(const RLWaitKey *keys, const char *const *names,
-							 int nkeys);
+							 const char *const *owners, int nkeys);
 extern void rl_waiters_end(void);
 extern int	rl_waiters_snapshot(RLWaiter **out);
 

@@ -5,7 +5,8 @@
  *	  of this server waiting for a Redis lock, a read or write hold or a
  *	  semaphore's permits writes, from the start of its wait, a record in
  *	  shared memory of what it waits for (the lock's SQL name, its Redis
- *	  key, its layout, where it lives, since when), and clears it when the
+ *	  key, its layout, where it lives, since when, and the owner value its
+ *	  grant will have), and clears it when the
  *	  wait ends, however it ends: its end, transaction abort, subtransaction
  *	  abort and backend exit each clear it.
  *
@@ -39,7 +40,10 @@
 
 #include "wait/wait.h"
 
-/* Bytes of one record's strings: its target's spec, each key's name and key */
+/*
+ * Bytes of one record's strings: its target's spec, each key's name, key
+ * and owner value
+ */
 #define RL_WAITERS_TEXT_LEN	4096
 
 /* One key of a published wait; its strings are offsets into the text */
@@ -48,6 +52,7 @@ typedef struct RLWaiterSlotKey
 	RLProtocol	protocol;
 	uint16		name_off;
 	uint16		key_off;
+	uint16		owner_off;
 } RLWaiterSlotKey;
 
 /* What one backend waits for; pid 0: nothing */
@@ -154,12 +159,13 @@ put_text(RLWaiterSlot *w, int *used, const char *s, uint16 *off)
 }
 
 /*
- * Build the record of a wait for keys (nkeys of them, all on target_spec),
- * names[i] the SQL name of keys[i], in w: the keys whose strings fit.
+ * Build the record of a wait for keys (nkeys of them, all on one target),
+ * names[i] the SQL name of keys[i] and owners[i] its owner value, in w:
+ * the keys whose strings fit.
  */
 static void
 fill_record(RLWaiterSlot *w, const RLWaitKey *keys, const char *const *names,
-			int nkeys)
+			const char *const *owners, int nkeys)
 {
 	int			used = 0;
 	uint16		spec_off;
@@ -175,7 +181,8 @@ fill_record(RLWaiterSlot *w, const RLWaitKey *keys, const char *const *names,
 		int			before = used;
 
 		if (!put_text(w, &used, names[i], &k->name_off) ||
-			!put_text(w, &used, keys[i].key, &k->key_off))
+			!put_text(w, &used, keys[i].key, &k->key_off) ||
+			!put_text(w, &used, owners[i], &k->owner_off))
 		{
 			used = before;
 			break;
@@ -187,12 +194,14 @@ fill_record(RLWaiterSlot *w, const RLWaitKey *keys, const char *const *names,
 
 /*
  * This backend starts waiting for keys (nkeys of them, on one target;
- * names[i] is the SQL name of keys[i]): publish it.  The callbacks that
+ * names[i] is the SQL name of keys[i], owners[i] its owner value): publish
+ * it.  The callbacks that
  * clear it come first, so that no error leaves it published.  No-op
  * without preloading.
  */
 void
-rl_waiters_begin(const RLWaitKey *keys, const char *const *names, int nkeys)
+rl_waiters_begin(const RLWaitKey *keys, const char *const *names,
+				 const char *const *owners, int nkeys)
 {
 	RLWaiterSlot *slot = slot_of_mine();
 	RLWaiterSlot *w;
@@ -208,7 +217,7 @@ rl_waiters_begin(const RLWaitKey *keys, const char *const *names, int nkeys)
 		callbacks_set = true;
 	}
 	w = palloc(sizeof(RLWaiterSlot));
-	fill_record(w, keys, names, nkeys);
+	fill_record(w, keys, names, owners, nkeys);
 
 	START_CRIT_SECTION();
 	slot->changecount++;
@@ -309,6 +318,7 @@ rl_waiters_snapshot(RLWaiter **out)
 			r->target_spec = pstrdup(copy->text);
 			r->name = pstrdup(copy->text + copy->keys[k].name_off);
 			r->key = pstrdup(copy->text + copy->keys[k].key_off);
+			r->owner = pstrdup(copy->text + copy->keys[k].owner_off);
 			r->protocol = copy->keys[k].protocol;
 		}
 	}
