@@ -3,15 +3,17 @@
  * waiters.c
  *	  Owns the published waits that redis_lock_waits shows: every backend
  *	  of this server waiting for a Redis lock, a read or write hold or a
- *	  semaphore's permits writes, from the start of its wait, a record in
- *	  shared memory of what it waits for (the lock's SQL name, its Redis
- *	  key, its layout, where it lives, since when, and the owner value its
- *	  grant will have), and clears it when the
- *	  wait ends, however it ends: its end, transaction abort, subtransaction
- *	  abort and backend exit each clear it.
+ *	  semaphore's permits writes, from the start of its wait, a record of
+ *	  what it waits for (the lock's SQL name, its Redis key, its layout,
+ *	  where it lives, since when, and the owner value its grant will have),
+ *	  and clears it when the wait ends, however it ends: its end,
+ *	  transaction abort, subtransaction abort and backend exit each clear
+ *	  it.
  *
- *	  One record per process that can run SQL, indexed by its PGPROC
- *	  number, written only by its own backend.  A writer never waits: like
+ *	  The records are this file's part of the extension's shared-memory
+ *	  area (interface/shmem.c lays the parts out): one per process that
+ *	  can run SQL, indexed by its PGPROC number, written only by its own
+ *	  backend.  A writer never waits: like
  *	  pgstat's st_changecount, a counter is odd while the record changes,
  *	  and a reader copies the record again until it saw the same even count
  *	  before and after its copy.  A wait for a set of locks shows at most
