@@ -13,12 +13,11 @@ a PostgreSQL row lock shown on one side only, a LOGIN-only role seeing
 other sessions' waits, Redis down hanging the view, and one round trip per
 row instead of one per node.  Every test fails on main before issue 45 (the
 objects do not exist)."""
-import threading
 import time
 
 import psycopg2
-import redis
 import pytest
+import redis
 from redis.lock import Lock
 
 from conftest import Session
