@@ -20,11 +20,12 @@ MODULE_big = redis_lock
 OBJS = \
 	src/interface/module.o src/interface/shmem.o src/interface/functions.o \
 	src/interface/statusfunctions.o src/interface/semfunctions.o \
-	src/interface/fenceguard.o \
+	src/interface/fenceguard.o src/interface/waits.o \
 	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
 	src/lock/locklost.o \
 	src/wait/waitqueue.o src/wait/deadlock.o src/wait/deadlock_graph.o \
+	src/wait/waiters.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchjobs.o \
 	src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \

@@ -462,3 +462,43 @@ REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_acquire(pg_catalog.text, 
 REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_try_acquire(pg_catalog.text, integer, interval, interval, boolean, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_status(pg_catalog.text, integer, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @extschema@.redis_semaphore_init(pg_catalog.text, integer) FROM PUBLIC;
+
+-- Who waits for whom through Redis locks (issue 45, doc/stuck.md): every
+-- backend of this server waiting for a Redis lock, read or write hold or
+-- semaphore permits, once per holder Redis reports now, and the backends of
+-- this server that hold what one backend waits for.  Pids and lock names of
+-- every session are for monitoring roles only, as redis_lock_locks.
+CREATE FUNCTION redis_lock_all_waits(OUT pid integer,
+                                     OUT lock_name pg_catalog.text,
+                                     OUT mode pg_catalog.text,
+                                     OUT redis_key pg_catalog.text,
+                                     OUT waiting_since pg_catalog.timestamptz,
+                                     OUT holder_kind pg_catalog.text,
+                                     OUT holder_pid integer,
+                                     OUT holder pg_catalog.text,
+                                     OUT holder_ttl interval)
+RETURNS SETOF pg_catalog.record
+AS 'MODULE_PATHNAME', 'redis_lock_all_waits'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE VIEW redis_lock_waits AS
+  SELECT w.pid, w.lock_name, w.mode, w.redis_key, w.waiting_since,
+         w.holder_kind, w.holder_pid, w.holder, w.holder_ttl
+  FROM @extschema@.redis_lock_all_waits() w;
+
+COMMENT ON VIEW @extschema@.redis_lock_waits IS
+'backends of this server waiting for a Redis lock, one row per holder Redis reports now (needs shared_preload_libraries)';
+
+CREATE FUNCTION redis_lock_blocking_pids(pid integer)
+RETURNS integer[]
+AS 'MODULE_PATHNAME', 'redis_lock_blocking_pids'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION @extschema@.redis_lock_blocking_pids(integer) IS
+'the backends of this server holding the Redis locks a backend waits for, as pg_blocking_pids() does for PostgreSQL locks';
+
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_lock_all_waits() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.redis_lock_all_waits() TO pg_monitor;
+GRANT SELECT ON @extschema@.redis_lock_waits TO pg_monitor;
+REVOKE EXECUTE ON FUNCTION @extschema@.redis_lock_blocking_pids(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.redis_lock_blocking_pids(integer) TO pg_monitor;

@@ -3,9 +3,9 @@
  * interface.h
  *	  The SQL interface: the module's entry point and hooks (module.c),
  *	  the extension's shared memory (shmem.c), the SQL-callable functions
- *	  (functions.c, statusfunctions.c, semfunctions.c) and the fence guard
- *	  trigger (fenceguard.c).  What the files of this folder share; no other
- *	  subsystem includes it.
+ *	  (functions.c, statusfunctions.c, semfunctions.c, waits.c) and the
+ *	  fence guard trigger (fenceguard.c).  What the files of this folder
+ *	  share; no other subsystem includes it.
  *
  *	  Owns: argument checks and result shaping.  Must not: keep lock state
  *	  (lock/ does), or reach Redis but through lock/ and redis/'s operations
@@ -39,6 +39,7 @@ extern char *rl_fn_arg_semaphore_name(FunctionCallInfo fcinfo, int argno);
 extern int64 rl_fn_arg_interval_ms(FunctionCallInfo fcinfo, int argno,
 								   const char *what, bool zero_ok);
 extern bool rl_fn_arg_bool(FunctionCallInfo fcinfo, int argno, const char *what);
+extern Datum rl_fn_mode_datum(RLProtocol protocol);
 extern Interval *rl_fn_ms_to_interval(int64 ms);
 extern void rl_fn_materialize(FunctionCallInfo fcinfo, Tuplestorestate **ts,
 							  TupleDesc *td);

@@ -186,8 +186,9 @@ redis_lock_ExecutorFinish(QueryDesc *queryDesc)
 
 /*
  * Module load: settings, scripts and, when preloading, the watchdog worker
- * and the shared memory (the counters, the registry, the local wait queues
- * and the deadlock records: shmem.c).  Nothing here talks to Redis.
+ * and the shared memory (the counters, the registry, the local wait queues,
+ * the deadlock records and the published waits: shmem.c).  Nothing here
+ * talks to Redis.
  */
 void
 _PG_init(void)

@@ -9,8 +9,9 @@
  *	  of processes that can run SQL (max_sql_processes).  The area holds,
  *	  one after another, the parts each subsystem lays out and sets up
  *	  itself (rl_X_shmem_size, rl_X_shmem_init): the counters (base/
- *	  stats.c), the registry (worker/registry.c), the wait queues and the
- *	  published waits (wait/waitqueue.c, wait/deadlock.c).  The registry's
+ *	  stats.c), the registry (worker/registry.c), the wait queues, the
+ *	  waits the deadlock check publishes and those redis_lock_waits shows
+ *	  (wait/waitqueue.c, wait/deadlock.c, wait/waiters.c).  The registry's
  *	  hash of slots per role is a shared hash table, so it is an allocation
  *	  of its own ("redis_lock slots per role"), asked for here too.
  *
@@ -71,6 +72,7 @@ typedef struct RLAreaLayout
 	Size		registry;
 	Size		queues;
 	Size		deadlock;
+	Size		waiters;
 	Size		total;
 } RLAreaLayout;
 
@@ -106,7 +108,8 @@ area_layout(RLAreaLayout *l, int nprocs)
 	l->registry = after(l->stats, rl_stats_shmem_size());
 	l->queues = after(l->registry, rl_registry_shmem_size());
 	l->deadlock = after(l->queues, rl_waitq_shmem_size(nprocs));
-	l->total = after(l->deadlock, rl_deadlock_shmem_size(nprocs));
+	l->waiters = after(l->deadlock, rl_deadlock_shmem_size(nprocs));
+	l->total = after(l->waiters, rl_waiters_shmem_size(nprocs));
 }
 
 /* shmem_request_hook: room for the area and the hash, and the LWLocks */
@@ -156,6 +159,7 @@ redis_lock_shmem_startup(void)
 	rl_deadlock_shmem_init(area + l.deadlock, nprocs,
 						   tranche_lock(RL_TRANCHE_DEADLOCK, 0, found),
 						   tranche_lock(RL_TRANCHE_DEADLOCK, 1, found), found);
+	rl_waiters_shmem_init(area + l.waiters, nprocs, found);
 	LWLockRelease(AddinShmemInitLock);
 }
 

@@ -42,9 +42,12 @@ PG_FUNCTION_INFO_V1(redis_lock_held);
 PG_FUNCTION_INFO_V1(redis_lock_status);
 PG_FUNCTION_INFO_V1(redis_lock_force_release);
 
-/* The mode column of redis_lock_held() and redis_lock_locks (1.2) */
-static Datum
-mode_datum(RLProtocol protocol)
+/*
+ * The mode column of redis_lock_held() and redis_lock_locks (1.2), and of
+ * redis_lock_waits (1.4)
+ */
+Datum
+rl_fn_mode_datum(RLProtocol protocol)
 {
 	switch (protocol)
 	{
@@ -130,7 +133,7 @@ redis_lock_held(PG_FUNCTION_ARGS)
 			values[8] = CStringGetTextDatum(e->names.key);
 			values[9] = CStringGetTextDatum(rl_protocol_name(e->names.protocol));
 			/* mode: from 1.2 on (1.1's definition has no such column) */
-			values[10] = mode_datum(e->names.protocol);
+			values[10] = rl_fn_mode_datum(e->names.protocol);
 			tuplestore_putvalues(ts, td, values, nulls);
 		}
 	}
@@ -341,7 +344,7 @@ put_lock_rows(Tuplestorestate *ts, TupleDesc td, RLLockInfo *l)
 		values[10] = BoolGetDatum(l->st.lost);
 		values[11] = CStringGetTextDatum(l->key);
 		/* mode: from 1.2 on (1.1's definition has no such column) */
-		values[12] = mode_datum(l->st.protocol);
+		values[12] = rl_fn_mode_datum(l->st.protocol);
 		tuplestore_putvalues(ts, td, values, nulls);
 	}
 }

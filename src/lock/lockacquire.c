@@ -746,16 +746,20 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 		(outcome == ACQ_BUSY || e->target->kind == RL_TOPO_REDLOCK))
 	{
 		RLWaitKey	wk = {e->target->spec, e->names.key, e->names.protocol};
+		const char *wname = e->name;
+		const char *wowner = e->names.owner;
 
 		/*
 		 * A semaphore's waiter waits for no holder in particular (any of
 		 * them may give a permit back): no deadlock is found through it.
 		 */
+		rl_waiters_begin(&wk, &wname, &wowner, 1);
 		if (mode != RL_MODE_PERMIT)
 			rl_deadlock_wait_begin(&wk, 1);
 		outcome = wait_for_lock(e, lease_ms, wait_ms, &op);
 		if (mode != RL_MODE_PERMIT)
 			rl_deadlock_wait_end();
+		rl_waiters_end();
 	}
 
 	if (outcome == ACQ_GOT && op.replicas_short > 0)

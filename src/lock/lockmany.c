@@ -344,6 +344,8 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	long		backoff = 8;
 	MemoryContext old;
 	RLWaitKey  *wait_keys;
+	const char **wait_names;
+	const char **wait_owners;
 	int			nwait = 0;
 	int			i;
 
@@ -381,14 +383,19 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 	 * elsewhere keeps the whole set from being granted.
 	 */
 	wait_keys = palloc(sizeof(RLWaitKey) * c->n);
+	wait_names = palloc(sizeof(char *) * c->n);
+	wait_owners = palloc(sizeof(char *) * c->n);
 	for (i = 0; i < c->n; i++)
 	{
 		if (c->m[i].held)
 			continue;
+		wait_names[nwait] = c->m[i].name;
+		wait_owners[nwait] = pstrdup(c->m[i].e->names.owner);
 		wait_keys[nwait].target_spec = c->target->spec;
 		wait_keys[nwait].key = pstrdup(c->m[i].e->names.key);
 		wait_keys[nwait++].protocol = c->m[i].e->names.protocol;
 	}
+	rl_waiters_begin(wait_keys, wait_names, wait_owners, nwait);
 	rl_deadlock_wait_begin(wait_keys, nwait);
 
 	for (;;)
@@ -429,6 +436,7 @@ wait_many(Many *c, int64 wait_ms, ManyOutcome outcome)
 		MemoryContextSwitchTo(old);
 	}
 	rl_deadlock_wait_end();
+	rl_waiters_end();
 	rl_unsubscribe_each_async(subs, ns, rl_pubsub_unsubscribe_cmd(), channels, keys);
 	rl_many_unsubscribed();
 	rl_stats_add(RL_STAT_WAIT_US, (uint64) (GetCurrentTimestamp() - start));

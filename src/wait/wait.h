@@ -2,9 +2,9 @@
  *
  * wait.h
  *	  The waiting subsystem: server-local queues of backends waiting for
- *	  the same lock (waitqueue.c) and deadlocks through Redis locks and
+ *	  the same lock (waitqueue.c), deadlocks through Redis locks and
  *	  PostgreSQL locks (deadlock.c, deadlock_graph.c; what these two share
- *	  is wait_int.h).
+ *	  is wait_int.h), and the waits redis_lock_waits shows (waiters.c).
  *
  *	  Owns: the wait queues and published waits in shared memory.  Must not:
  *	  send to Redis itself (a confirmation is asked by the caller).
@@ -104,5 +104,40 @@ extern bool rl_deadlock_check_due(TimestampTz now, RLDeadlockHold **holds,
 								  int *nholds);
 extern void rl_deadlock_confirm(void);
 extern void rl_deadlock_wait_end(void);
+
+/* ----------------------------------------------------------------
+ * From waiters:
+ *	  What every backend of this server waits for, published from the start
+ *	  of its wait for redis_lock_waits (waiters.c).
+ * ----------------------------------------------------------------
+ */
+/* Keys a wait for a set of locks shows at most */
+#define RL_WAITERS_MAX_KEYS	8
+
+/* One key a backend waits for, as rl_waiters_snapshot() copies it */
+typedef struct RLWaiter
+{
+	int			pid;
+	TimestampTz since;			/* when its wait began */
+	const char *target_spec;	/* RLTarget.spec of where it lives */
+	const char *name;			/* the lock's SQL name */
+	const char *key;			/* its Redis key */
+	const char *owner;			/* the owner value its grant will have */
+	RLProtocol	protocol;		/* the hold waited for (RLWaitKey) */
+} RLWaiter;
+
+/*
+ * A wait goes: rl_waiters_begin(keys, names, owners, n) as it starts, then
+ * rl_waiters_end(); an ERROR ending the wait needs no call.  Every key of
+ * one wait is on keys[0].target_spec; names[i] is the SQL name of keys[i],
+ * owners[i] the owner value its grant will have (so that a grant Redis
+ * shows before the wait ends is not taken for another holder).
+ */
+extern Size rl_waiters_shmem_size(int nslots);
+extern void rl_waiters_shmem_init(void *area, int nslots, bool found);
+extern void rl_waiters_begin(const RLWaitKey *keys, const char *const *names,
+							 const char *const *owners, int nkeys);
+extern void rl_waiters_end(void);
+extern int	rl_waiters_snapshot(RLWaiter **out);
 
 #endif							/* RL_WAIT_H */
