@@ -22,7 +22,7 @@ OBJS = \
 	src/interface/semfunctions.o src/interface/fenceguard.o \
 	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
-	src/lock/locklost.o \
+	src/lock/locklost.o src/lock/lockstate.o \
 	src/wait/waitqueue.o src/wait/deadlock.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \

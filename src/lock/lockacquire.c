@@ -98,7 +98,6 @@ grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 	e->fence = fence;
 	e->lease_ms = lease_ms;
 	e->watchdog = watchdog;
-	e->lost = false;
 	e->lost_reported_at = 0;
 	/* as the worker counts renewals: from when the grant was sent */
 	e->acquired_at = e->lease_from != 0 ? e->lease_from : GetCurrentTimestamp();
