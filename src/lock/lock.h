@@ -55,7 +55,7 @@ typedef enum RLLockMode
  */
 typedef enum RLHeldState
 {
-	RL_ENTRY_FREE = 0,			/* not in the table: made, or removed */
+	RL_ENTRY_FREE = 0,			/* not in the table: not made yet, or removed */
 	RL_ENTRY_DOUBT,				/* no holds, ours to settle: never tried, an
 								 * attempt under way or not granted, or an
 								 * outcome not known */
