@@ -23,7 +23,7 @@ OBJS = \
 	src/interface/fenceguard.o src/interface/waits.o \
 	src/lock/locktable.o src/lock/lockacquire.o src/lock/lockmany.o \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
-	src/lock/locklost.o \
+	src/lock/locklost.o src/lock/lockstate.o \
 	src/wait/waitqueue.o src/wait/deadlock.o src/wait/deadlock_graph.o \
 	src/wait/waiters.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchjobs.o \

@@ -139,6 +139,34 @@ def test_architecture_table_names_every_source_file():
     assert sources - named == set(), "src/*.c files without a row in doc/architecture.md"
 
 
+def entry_transitions_in_code():
+    """The (from, to) pairs of src/lock/lockstate.c's table of allowed
+    transitions (the one rl_lt_set_state asserts)."""
+    text = read("src/lock/lockstate.c")
+    table = re.search(r"allowed\[NSTATES\]\[NSTATES\] = \{(.*?)\n\};", text, re.S).group(1)
+    pairs = set()
+    for frm, row in re.findall(r"\[RL_ENTRY_(\w+)\] = \{(.*?)\}", table, re.S):
+        pairs |= {(frm, to) for to in re.findall(r"\[RL_ENTRY_(\w+)\] = true", row)}
+    return pairs
+
+
+def test_entry_life_diagram_and_table_are_the_codes():
+    """doc/architecture.md's "The life of a lock entry": its state diagram
+    and its table of transitions say exactly what lockstate.c allows, and
+    name every state of RLHeldState."""
+    code = entry_transitions_in_code()
+    states = set(re.findall(r"^\s*RL_ENTRY_(\w+)\b", read("src/lock/lock.h"), re.M))
+    assert {s for pair in code for s in pair} == states
+    life = section(read("doc/architecture.md"), "The life of a lock entry")
+    diagram = re.search(r"```mermaid\n(.*?)```", life, re.S).group(1)
+    drawn = set(re.findall(r"^\s*(\w+) --> (\w+):", diagram, re.M))
+    assert drawn == code
+    tabled = set()
+    for frm, to in re.findall(r"^\| ([A-Z_, ]+) \| ([A-Z_, ]+) \|", life, re.M):
+        tabled |= {(f, t) for f in frm.split(", ") for t in to.split(", ")}
+    assert tabled == code
+
+
 # --- the reference and the catalog ---------------------------------------
 
 def section(text, title):

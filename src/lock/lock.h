@@ -48,11 +48,31 @@ typedef enum RLLockMode
 	RL_MODE_PERMIT
 } RLLockMode;
 
+/*
+ * Where an entry is in its life (lockstate.c has the transitions, which
+ * fields are valid in each state, and its diagram is in
+ * doc/architecture.md).  Changed only by rl_lt_set_state.
+ */
+typedef enum RLHeldState
+{
+	RL_ENTRY_FREE = 0,			/* not in the table: not made yet, or removed */
+	RL_ENTRY_DOUBT,				/* no holds, ours to settle: never tried, an
+								 * attempt under way or not granted, or an
+								 * outcome not known */
+	RL_ENTRY_HELD,				/* holds > 0 */
+	RL_ENTRY_LOST,				/* holds > 0, known not ours in Redis */
+	RL_ENTRY_RELEASING,			/* no holds; its release sent, answer owed */
+	RL_ENTRY_RELEASING_HANDED,	/* the same, and the worker releases it if
+								 * the answer is not read in time */
+	RL_ENTRY_HANDED				/* no holds; a doubt the worker settles */
+} RLHeldState;
+
 /* One lock this backend holds (or may hold, when holds are zero) */
 struct RLHeld
 {
 	char		hkey[RL_MAX_NAME_LEN + 2];	/* hash key: mode letter + name */
 	char		name[RL_MAX_NAME_LEN + 1];
+	RLHeldState state;			/* rl_lt_set_state changes it */
 	RLLockMode	mode;
 	RLTarget   *target;
 	RLLockNames names;			/* strings live in TopMemoryContext */
@@ -63,7 +83,8 @@ struct RLHeld
 	bool		watchdog;		/* renewed by the background worker */
 	bool		was_renewed;	/* doubt: renewed by the worker while held,
 								 * so a renewal may have run unanswered */
-	bool		lost;			/* Redis no longer has our token */
+	bool		lost;			/* Redis no longer has our token (state
+								 * LOST; kept when its holds go) */
 	bool		loss_unsure;	/* its release, sent again, found it gone
 								 * where its own first send may have
 								 * deleted it (RL_OP_SURELY_NO) */
@@ -83,13 +104,15 @@ struct RLHeld
 	bool		late_grant;		/* doubt: an acquire whose grant may still
 								 * land in Redis */
 	bool		handed;			/* doubt handed to the watchdog worker, whose
-								 * registry_slot it is until taken back */
+								 * registry_slot it is until taken back:
+								 * states HANDED, RELEASING_HANDED */
 	uint32		handed_gen;		/* the slot's generation when handed */
 	bool		release_handed; /* handed: the release of a lock it held,
 								 * not made at an abort
 								 * (rl_lt_hand_unsent_to_worker) */
 	bool		releasing;		/* no holds; its release was sent and its
-								 * answer is still to come (PendingRelease) */
+								 * answer is still to come (PendingRelease):
+								 * states RELEASING, RELEASING_HANDED */
 	uint64		serial;			/* tells this entry from a later one of the
 								 * same name */
 };

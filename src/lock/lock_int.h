@@ -23,9 +23,9 @@
  *	  What the files of the lock table share among themselves: the table
  *	  and its counters, the entries' operations (locktable.c), doubts and
  *	  releases on their way (lockdoubts.c), dropping holds (lockrelease.c),
- *	  and the transaction callbacks locktable.c registers (lockxact.c).
- *	  Only locktable.c, lockdoubts.c, lockacquire.c, lockrelease.c and
- *	  lockxact.c include this; the rest of the extension uses lock.h.
+ *	  the transaction callbacks locktable.c registers (lockxact.c), and
+ *	  the entries' state (lockstate.c).  Only the files of lock/ but
+ *	  lockmany.c include this; the rest of the extension uses lock.h.
  * ----------------------------------------------------------------
  */
 extern void redis_lock_locktable_xact_callback(XactEvent event, void *arg);
@@ -55,8 +55,8 @@ typedef struct XactHold
 
 /* locktable.c: the table, its entries and the operations on them */
 extern HTAB *rl_lt_held;
-extern int	rl_lt_ndoubts;
-extern int	rl_lt_nhanded;
+extern int	rl_lt_ndoubts;		/* kept by rl_lt_set_state */
+extern int	rl_lt_nhanded;		/* kept by rl_lt_set_state */
 extern int	rl_lt_nqueued;
 extern MemoryContext rl_lt_work_cxt;
 extern XactHold *rl_lt_xact_log;
@@ -94,6 +94,10 @@ extern void rl_lt_release_soft(RLHeld **ents, int n, const bool *warn,
 							   bool interruptible);
 extern bool *rl_lt_warn_for_all(int n);
 extern bool rl_lt_verify_and_refresh(RLHeld *e, int64 lease_ms);
+
+/* lockstate.c: an entry's state, and what follows from it */
+extern void rl_lt_set_state(RLHeld *e, RLHeldState to);
+extern void rl_lt_set_lost(RLHeld *e);
 
 /* lockdoubts.c: releases on their way, doubts, safe points */
 extern int	rl_lt_npending;

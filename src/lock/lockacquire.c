@@ -102,7 +102,6 @@ grant(RLHeld *e, int64 fence, int64 lease_ms, bool watchdog, RLScope scope)
 	e->fence = fence;
 	e->lease_ms = lease_ms;
 	e->watchdog = watchdog;
-	e->lost = false;
 	e->loss_unsure = false;
 	e->was_renewed = false;
 	e->lost_reported_at = 0;

@@ -145,8 +145,6 @@ rl_lt_release_later(RLHeld **ents, int n)
 		}
 		/* out of the doubt set until its answer is in */
 		Assert(RL_HOLDS(e) == 0 && !e->handed && !e->releasing);
-		e->releasing = true;
-		rl_lt_ndoubts--;
 
 		/*
 		 * Its registry slot goes to the worker, which releases the lock if
@@ -161,9 +159,10 @@ rl_lt_release_later(RLHeld **ents, int n)
 			e->handed_gen = rl_registry_hand_off(e->registry_slot, e->expires_at, false,
 												 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 																			 2 * rl_command_timeout_ms));
-			e->handed = true;
-			rl_lt_nhanded++;
+			rl_lt_set_state(e, RL_ENTRY_RELEASING_HANDED);
 		}
+		else
+			rl_lt_set_state(e, RL_ENTRY_RELEASING);
 		recs[i].next = pending;
 		pending = &recs[i];
 		rl_lt_npending++;
@@ -245,10 +244,8 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 			continue;
 		}
 		/* a doubt again until settled below */
-		e->releasing = false;
-		if (!e->handed)
-			rl_lt_ndoubts++;
-		else if (proc_exit_inprogress)
+		rl_lt_set_state(e, e->handed ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
+		if (e->handed && proc_exit_inprogress)
 		{
 			/*
 			 * Exiting: the worker has it and keeps it.  Taking it back would
@@ -257,7 +254,7 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 			 */
 			continue;
 		}
-		else
+		if (e->handed)
 		{
 			bool		ours;
 
@@ -341,9 +338,8 @@ rl_lt_reclaim_releasing(RLHeld *e)
 	for (p = pending; p != NULL; p = p->next)
 		if (p->serial == e->serial)
 			p->superseded = true;
-	e->releasing = false;
-	if (!e->handed)
-		rl_lt_ndoubts++;		/* else the acquire takes it back first */
+	/* a handed one: the acquire takes it back first */
+	rl_lt_set_state(e, e->handed ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
 }
 
 /* ----------------------------------------------------------------
@@ -488,9 +484,7 @@ forget_settled_doubts(void)
 		if (e->handed && !e->releasing &&
 			!rl_registry_handed(e->registry_slot, e->handed_gen))
 		{
-			e->handed = false;
-			rl_lt_nhanded--;
-			rl_lt_ndoubts++;
+			rl_lt_set_state(e, RL_ENTRY_DOUBT);
 			e->registry_slot = -1;
 			rl_lt_entry_remove(e);
 		}
@@ -612,7 +606,7 @@ report_lost(void)
 		if (RL_HOLDS(e) > 0 && !e->lost && e->registry_slot >= 0 &&
 			rl_lt_registry_says_lost(e))
 		{
-			e->lost = true;
+			rl_lt_set_lost(e);
 			rl_lt_warn_lost(e);
 		}
 	}

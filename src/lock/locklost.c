@@ -110,7 +110,7 @@ unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
 static void
 mark_reported(RLHeld *e)
 {
-	e->lost = true;
+	rl_lt_set_lost(e);
 	e->lost_reported_at = rl_lt_call_seq;
 	rl_stats_add(RL_STAT_INTERRUPTED, 1);
 }

@@ -24,7 +24,8 @@
  *	  redis_lock call, transaction end, backend exit) or forgotten once its
  *	  lease has surely run out.  So no error leaves the session believing it
  *	  holds a lock it does not, and no unknown grant is left in Redis longer
- *	  than needed.
+ *	  than needed.  The states an entry goes through, and the one function
+ *	  that moves it between them, are lockstate.c's.
  *
  *	  Must not: call hiredis (transport.c and stream.c do; its header is
  *	  included here only for the REDIS_REPLY_* codes of an RLReply's type),
@@ -52,8 +53,8 @@
 #include "lock/lock_int.h"
 
 HTAB	   *rl_lt_held = NULL;
-int			rl_lt_ndoubts = 0;	/* entries with zero holds, not handed */
-int			rl_lt_nhanded = 0;	/* doubts handed to the worker */
+int			rl_lt_ndoubts = 0;	/* entries in state DOUBT (lockstate.c) */
+int			rl_lt_nhanded = 0;	/* in HANDED or RELEASING_HANDED */
 int			rl_lt_nqueued = 0;	/* entries with queued_ms set */
 MemoryContext rl_lt_work_cxt = NULL;
 static MemoryContext names_cxt = NULL;	/* the entries' key/channel strings */
@@ -261,7 +262,7 @@ rl_lt_entry_create(RLLockMode mode, const char *name)
 	e->names = names;
 	e->registry_slot = -1;
 	e->serial = ++last_serial;
-	rl_lt_ndoubts++;
+	rl_lt_set_state(e, RL_ENTRY_DOUBT);
 	return e;
 }
 
@@ -306,9 +307,7 @@ rl_lt_hand_to_worker(RLHeld *e)
 	Assert(RL_HOLDS(e) == 0 && !e->handed && e->registry_slot >= 0);
 	e->handed_gen = rl_registry_hand_off(e->registry_slot, e->expires_at,
 										 e->late_grant, 0);
-	e->handed = true;
-	rl_lt_ndoubts--;
-	rl_lt_nhanded++;
+	rl_lt_set_state(e, RL_ENTRY_HANDED);
 }
 
 /*
@@ -324,10 +323,7 @@ rl_lt_take_back_from_worker(RLHeld *e)
 	bool		ours = rl_registry_reclaim(e->registry_slot, e->handed_gen) == RL_RECLAIMED;
 
 	Assert(e->handed);
-	e->handed = false;
-	e->release_handed = false;
-	rl_lt_nhanded--;
-	rl_lt_ndoubts++;
+	rl_lt_set_state(e, RL_ENTRY_DOUBT);
 	if (!ours)
 		e->registry_slot = -1;
 	return ours;
@@ -351,10 +347,7 @@ rl_lt_renew_owner(RLHeld *e, bool settle)
 	if (e->handed)
 	{
 		/* the worker has the old value already, and keeps it */
-		e->handed = false;
-		e->release_handed = false;
-		rl_lt_nhanded--;
-		rl_lt_ndoubts++;
+		rl_lt_set_state(e, RL_ENTRY_DOUBT);
 		e->registry_slot = -1;
 	}
 	else if (e->registry_slot >= 0 && e->expires_at != 0)
@@ -397,22 +390,19 @@ rl_lt_entry_remove(RLHeld *e)
 {
 	/* a release on its way: its answer will find no entry, and is dropped */
 	if (e->releasing)
-	{
-		e->releasing = false;
-		if (!e->handed)
-			rl_lt_ndoubts++;
-	}
+		rl_lt_set_state(e, e->handed ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
 	/* its release is ours again, and is dropped with the entry */
 	if (e->handed)
 		(void) rl_lt_take_back_from_worker(e);
-	if (RL_HOLDS(e) == 0)
-		rl_lt_ndoubts--;
+	rl_lt_set_state(e, RL_ENTRY_FREE);
 	if (e->queued_ms > 0)
 		rl_lt_nqueued--;				/* its queue entry times out by itself */
 	if (e->registry_slot >= 0)
 		rl_lt_registry_drop(e);
 	free_names(&e->names);
 	hash_search(rl_lt_held, e->hkey, HASH_REMOVE, NULL);
+	Assert(hash_get_num_entries(rl_lt_held) > 0 ||
+		   (rl_lt_ndoubts == 0 && rl_lt_nhanded == 0));
 }
 
 /*
@@ -424,13 +414,14 @@ void
 rl_lt_entry_leave_to_worker(RLHeld *e)
 {
 	Assert(e->handed && RL_HOLDS(e) == 0 && !e->releasing);
-	e->handed = false;
-	rl_lt_nhanded--;
+	rl_lt_set_state(e, RL_ENTRY_FREE);
 	e->registry_slot = -1;
 	if (e->queued_ms > 0)
 		rl_lt_nqueued--;
 	free_names(&e->names);
 	hash_search(rl_lt_held, e->hkey, HASH_REMOVE, NULL);
+	Assert(hash_get_num_entries(rl_lt_held) > 0 ||
+		   (rl_lt_ndoubts == 0 && rl_lt_nhanded == 0));
 }
 
 /* Record a transaction hold of an entry (by its hash key) for the current
@@ -464,18 +455,19 @@ rl_lt_xact_log_reset(void)
 void
 rl_lt_add_hold(RLHeld *e, RLScope scope)
 {
+	bool		first = RL_HOLDS(e) == 0;
+
 	/* recorded first: if that fails, nothing was counted */
 	if (scope == RL_SCOPE_XACT)
 		xact_log_push(e->hkey);
-	if (RL_HOLDS(e) == 0)
-	{
-		rl_lt_ndoubts--;			/* leaves the doubt set */
+	if (first)
 		e->on_lost = (uint8) rl_on_lost;	/* as set when it is taken */
-	}
 	if (scope == RL_SCOPE_XACT)
 		e->xact_holds++;
 	else
 		e->session_holds++;
+	if (first)
+		rl_lt_set_state(e, RL_ENTRY_HELD);	/* leaves the doubt set */
 }
 
 /*
@@ -499,8 +491,8 @@ void
 rl_lt_became_doubt(RLHeld *e)
 {
 	Assert(RL_HOLDS(e) == 0);
-	rl_lt_ndoubts++;
 	e->was_renewed = e->watchdog;
+	rl_lt_set_state(e, RL_ENTRY_DOUBT);
 	e->watchdog = false;
 	e->late_grant = false;
 	e->expires_at = rl_lt_doubt_horizon(e->lease_ms);
@@ -598,7 +590,7 @@ rl_held_snapshot(RLHeld **out)
 		if (RL_HOLDS(e) == 0)
 			continue;
 		if (e->registry_slot >= 0 && !e->lost && rl_lt_registry_says_lost(e))
-			e->lost = true;
+			rl_lt_set_lost(e);
 		(*out)[n++] = *e;
 	}
 	return n;
@@ -732,7 +724,7 @@ rl_lt_mark_lost(RLHeld *e)
 		return;
 	if (!e->lost)
 		rl_stats_add(RL_STAT_LOST, 1);
-	e->lost = true;
+	rl_lt_set_lost(e);
 	rl_lt_registry_sync(e, false);
 }
 

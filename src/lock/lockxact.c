@@ -112,7 +112,7 @@ verify_xact_locks(void)
 			ents[i]->unreachable = true;
 		if (presumed[i] &&
 			!(RL_OP_YES(&ops[i]) && rl_lt_withdraw_presumed_loss(ents[i], sent)))
-			ents[i]->lost = true;
+			rl_lt_set_lost(ents[i]);
 	}
 	for (i = 0; i < n; i++)
 	{
