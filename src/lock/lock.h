@@ -103,21 +103,26 @@ struct RLHeld
 	int			registry_slot;	/* watchdog registry slot, -1 if none */
 	bool		late_grant;		/* doubt: an acquire whose grant may still
 								 * land in Redis */
-	bool		handed;			/* doubt handed to the watchdog worker, whose
-								 * registry_slot it is until taken back:
-								 * states HANDED, RELEASING_HANDED */
 	uint32		handed_gen;		/* the slot's generation when handed */
 	bool		release_handed; /* handed: the release of a lock it held,
 								 * not made at an abort
 								 * (rl_lt_hand_unsent_to_worker) */
-	bool		releasing;		/* no holds; its release was sent and its
-								 * answer is still to come (PendingRelease):
-								 * states RELEASING, RELEASING_HANDED */
 	uint64		serial;			/* tells this entry from a later one of the
 								 * same name */
 };
 
 #define RL_HOLDS(e) ((e)->session_holds + (e)->xact_holds)
+
+/*
+ * What follows from the state (lockstate.c): the entry is handed to the
+ * watchdog worker, whose registry_slot it is until taken back (HANDED,
+ * RELEASING_HANDED); its release was sent and the answer is still to come
+ * (RELEASING, RELEASING_HANDED: a PendingRelease, lockdoubts.c).
+ */
+#define RL_HANDED(e) \
+	((e)->state == RL_ENTRY_HANDED || (e)->state == RL_ENTRY_RELEASING_HANDED)
+#define RL_RELEASING(e) \
+	((e)->state == RL_ENTRY_RELEASING || (e)->state == RL_ENTRY_RELEASING_HANDED)
 
 extern int64 rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms,
 						int64 wait_ms, RLScope scope, bool *obtained);

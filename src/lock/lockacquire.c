@@ -530,7 +530,7 @@ entry_for_attempt(RLHeld *doubt, RLLockMode mode, const char *name,
 			strcmp(e->names.key, probe.key) != 0)
 		{
 			/* not for these settings: one the worker has stays its own */
-			if (e->handed)
+			if (RL_HANDED(e))
 				rl_lt_entry_leave_to_worker(e);
 			else
 				rl_lt_entry_remove(e);
@@ -688,7 +688,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	 * (interruptible, within its deadline) and the release settled, sent
 	 * again if it did not run, before the lock is taken again.
 	 */
-	if (e != NULL && e->releasing && behind_local_waiters(e, wait_ms))
+	if (e != NULL && RL_RELEASING(e) && behind_local_waiters(e, wait_ms))
 	{
 		rl_wait_owed(rl_command_timeout_ms);
 		rl_lt_settle_pending(true, true);
@@ -708,7 +708,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 			rl_lt_entry_remove(e);
 		e = rl_lt_entry_find(mode, name);
 	}
-	if (e != NULL && e->releasing)
+	if (e != NULL && RL_RELEASING(e))
 	{
 		rl_lt_reclaim_releasing(e);
 		reclaimed = true;
@@ -876,7 +876,7 @@ rl_many_entry(const char *name, int64 lease_ms, bool *held)
 	bool		reclaimed = false;
 
 	*held = false;
-	if (e != NULL && e->releasing)
+	if (e != NULL && RL_RELEASING(e))
 	{
 		rl_lt_reclaim_releasing(e);
 		reclaimed = true;

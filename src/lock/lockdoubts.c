@@ -144,7 +144,7 @@ rl_lt_release_later(RLHeld **ents, int n)
 			continue;
 		}
 		/* out of the doubt set until its answer is in */
-		Assert(RL_HOLDS(e) == 0 && !e->handed && !e->releasing);
+		Assert(RL_HOLDS(e) == 0 && !RL_HANDED(e) && !RL_RELEASING(e));
 
 		/*
 		 * Its registry slot goes to the worker, which releases the lock if
@@ -236,7 +236,7 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 		result = RL_OP_YES(op) ? 1 : RL_OP_NO(op) ? 0 : RELEASE_UNKNOWN;
 		e = rl_lt_held != NULL ? hash_search(rl_lt_held, p->hkey, HASH_FIND, NULL) : NULL;
 		/* superseded first: a later release of the same entry may be on its way */
-		if (p->superseded || e == NULL || e->serial != p->serial || !e->releasing)
+		if (p->superseded || e == NULL || e->serial != p->serial || !RL_RELEASING(e))
 		{
 			/* forgotten meanwhile (force release, new settings): nothing */
 			if (p->superseded && !proc_exit_inprogress)
@@ -244,8 +244,8 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 			continue;
 		}
 		/* a doubt again until settled below */
-		rl_lt_set_state(e, e->handed ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
-		if (e->handed && proc_exit_inprogress)
+		rl_lt_set_state(e, RL_HANDED(e) ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
+		if (RL_HANDED(e) && proc_exit_inprogress)
 		{
 			/*
 			 * Exiting: the worker has it and keeps it.  Taking it back would
@@ -254,7 +254,7 @@ rl_lt_settle_pending(bool interruptible, bool send_again)
 			 */
 			continue;
 		}
-		if (e->handed)
+		if (RL_HANDED(e))
 		{
 			bool		ours;
 
@@ -334,12 +334,12 @@ rl_lt_reclaim_releasing(RLHeld *e)
 {
 	PendingRelease *p;
 
-	Assert(e->releasing);
+	Assert(RL_RELEASING(e));
 	for (p = pending; p != NULL; p = p->next)
 		if (p->serial == e->serial)
 			p->superseded = true;
 	/* a handed one: the acquire takes it back first */
-	rl_lt_set_state(e, e->handed ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
+	rl_lt_set_state(e, RL_HANDED(e) ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
 }
 
 /* ----------------------------------------------------------------
@@ -371,7 +371,7 @@ settle_doubts(void)
 	hash_seq_init(&seq, rl_lt_held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (RL_HOLDS(e) != 0 || e->handed || e->releasing)
+		if (RL_HOLDS(e) != 0 || RL_HANDED(e) || RL_RELEASING(e))
 			continue;
 		if (e->expires_at != 0 && now > e->expires_at)
 			rl_lt_entry_remove(e);
@@ -400,7 +400,7 @@ rl_lt_hand_doubts_to_worker(void)
 	hash_seq_init(&seq, rl_lt_held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (RL_HOLDS(e) != 0 || e->handed || e->releasing)
+		if (RL_HOLDS(e) != 0 || RL_HANDED(e) || RL_RELEASING(e))
 			continue;
 		if (e->expires_at == 0)
 			rl_lt_entry_remove(e);
@@ -481,7 +481,7 @@ forget_settled_doubts(void)
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
 		/* (one whose release is owed a reply: settle_pending forgets it) */
-		if (e->handed && !e->releasing &&
+		if (RL_HANDED(e) && !RL_RELEASING(e) &&
 			!rl_registry_handed(e->registry_slot, e->handed_gen))
 		{
 			rl_lt_set_state(e, RL_ENTRY_DOUBT);

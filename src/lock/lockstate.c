@@ -3,9 +3,10 @@
  * lockstate.c
  *	  Owns the life of a lock-table entry as a state (RLHeld.state): which
  *	  transitions there are, the one function that makes them
- *	  (rl_lt_set_state), what follows from the state (the entry's handed and
- *	  releasing flags, the table's counts of doubts and of entries handed to
- *	  the worker), and which fields are valid in which state.  The files of
+ *	  (rl_lt_set_state), what follows from the state (the table's counts of
+ *	  doubts and of entries handed to the worker; lock.h's RL_HANDED and
+ *	  RL_RELEASING read the state itself), and which fields are valid in
+ *	  which state.  The files of
  *	  the table decide when an entry moves; it moves only here.  In builds
  *	  with assertions every transition is checked against the table below,
  *	  and the entry against the state it goes to.
@@ -86,13 +87,6 @@ state_is_handed(RLHeldState s)
 	return s == RL_ENTRY_HANDED || s == RL_ENTRY_RELEASING_HANDED;
 }
 
-/* A release of the entry is on its way, its answer owed */
-static inline bool
-state_is_releasing(RLHeldState s)
-{
-	return s == RL_ENTRY_RELEASING || s == RL_ENTRY_RELEASING_HANDED;
-}
-
 #ifdef USE_ASSERT_CHECKING
 
 #define NSTATES (RL_ENTRY_HANDED + 1)
@@ -129,7 +123,7 @@ static const bool allowed[NSTATES][NSTATES] = {
 	},
 };
 
-/* The flags that follow from the state say the same as the state */
+/* The lost flag says what the state says */
 static bool
 flags_match_state(const RLHeld *e)
 {
@@ -137,9 +131,7 @@ flags_match_state(const RLHeld *e)
 
 	if (s == RL_ENTRY_FREE)
 		return true;
-	return e->handed == state_is_handed(s) &&
-		e->releasing == state_is_releasing(s) &&
-		(s != RL_ENTRY_LOST || e->lost) &&
+	return (s != RL_ENTRY_LOST || e->lost) &&
 		(s != RL_ENTRY_HELD || !e->lost);
 }
 
@@ -199,8 +191,6 @@ rl_lt_set_state(RLHeld *e, RLHeldState to)
 		e->lost = false;
 	if (to == RL_ENTRY_LOST)
 		e->lost = true;
-	e->handed = state_is_handed(to);
-	e->releasing = state_is_releasing(to);
 	e->state = to;
 	Assert(rl_lt_ndoubts >= 0 && rl_lt_nhanded >= 0);
 }

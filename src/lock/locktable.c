@@ -304,7 +304,7 @@ rl_lt_registry_drop(RLHeld *e)
 void
 rl_lt_hand_to_worker(RLHeld *e)
 {
-	Assert(RL_HOLDS(e) == 0 && !e->handed && e->registry_slot >= 0);
+	Assert(RL_HOLDS(e) == 0 && !RL_HANDED(e) && e->registry_slot >= 0);
 	e->handed_gen = rl_registry_hand_off(e->registry_slot, e->expires_at,
 										 e->late_grant, 0);
 	rl_lt_set_state(e, RL_ENTRY_HANDED);
@@ -322,7 +322,7 @@ rl_lt_take_back_from_worker(RLHeld *e)
 {
 	bool		ours = rl_registry_reclaim(e->registry_slot, e->handed_gen) == RL_RECLAIMED;
 
-	Assert(e->handed);
+	Assert(RL_HANDED(e));
 	rl_lt_set_state(e, RL_ENTRY_DOUBT);
 	if (!ours)
 		e->registry_slot = -1;
@@ -343,8 +343,8 @@ rl_lt_take_back_from_worker(RLHeld *e)
 void
 rl_lt_renew_owner(RLHeld *e, bool settle)
 {
-	Assert(RL_HOLDS(e) == 0 && !e->releasing);
-	if (e->handed)
+	Assert(RL_HOLDS(e) == 0 && !RL_RELEASING(e));
+	if (RL_HANDED(e))
 	{
 		/* the worker has the old value already, and keeps it */
 		rl_lt_set_state(e, RL_ENTRY_DOUBT);
@@ -389,10 +389,10 @@ void
 rl_lt_entry_remove(RLHeld *e)
 {
 	/* a release on its way: its answer will find no entry, and is dropped */
-	if (e->releasing)
-		rl_lt_set_state(e, e->handed ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
+	if (RL_RELEASING(e))
+		rl_lt_set_state(e, RL_HANDED(e) ? RL_ENTRY_HANDED : RL_ENTRY_DOUBT);
 	/* its release is ours again, and is dropped with the entry */
-	if (e->handed)
+	if (RL_HANDED(e))
 		(void) rl_lt_take_back_from_worker(e);
 	rl_lt_set_state(e, RL_ENTRY_FREE);
 	if (e->queued_ms > 0)
@@ -413,7 +413,7 @@ rl_lt_entry_remove(RLHeld *e)
 void
 rl_lt_entry_leave_to_worker(RLHeld *e)
 {
-	Assert(e->handed && RL_HOLDS(e) == 0 && !e->releasing);
+	Assert(RL_HANDED(e) && RL_HOLDS(e) == 0 && !RL_RELEASING(e));
 	rl_lt_set_state(e, RL_ENTRY_FREE);
 	e->registry_slot = -1;
 	if (e->queued_ms > 0)
@@ -747,7 +747,7 @@ lease_surely_until(RLHeld *e)
 
 	if (from == 0 || e->lease_ms <= 0)
 		return 0;
-	if (e->registry_slot >= 0 && !e->handed)
+	if (e->registry_slot >= 0 && !RL_HANDED(e))
 		from = Max(from, rl_registry_renewed_at(e->registry_slot));
 	return TimestampTzPlusMilliseconds(from, e->lease_ms - (e->lease_ms / 100 + 2));
 }

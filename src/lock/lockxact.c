@@ -394,7 +394,7 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 			rl_lt_became_doubt(e);
 		}
 		/* a handed doubt is the worker's already */
-		if (!e->lost && !e->handed)
+		if (!e->lost && !RL_HANDED(e))
 			ents[n++] = e;
 	}
 	rl_lt_leave_queues();
@@ -409,7 +409,7 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	{
 		if (e->lost)
 			rl_lt_registry_drop(e);
-		else if (!e->handed && e->registry_slot >= 0)
+		else if (!RL_HANDED(e) && e->registry_slot >= 0)
 			rl_lt_hand_to_worker(e);
 	}
 	rl_close_all();
