@@ -23,6 +23,7 @@ from redis.lock import Lock
 from conftest import Session
 import testbed
 from testbed import TIME_SCALE as S
+from test_hostile import Armed, FakeRedis, array, bulk, integer
 from test_round_trips import CountingProxy, Counter, D
 
 ROWS = ("SELECT lock_name, mode, redis_key, holder_kind, holder_pid, holder, "
@@ -331,6 +332,50 @@ def test_a_login_only_role_is_refused_and_pg_monitor_is_not(pg, sessions, rc):
     a.run("SELECT redis_lock_release('w-priv')")
     b.join()
     admin.close()
+
+
+# ---------------------------------------------------------------- a hostile node
+
+HOLDER_FIELD = "0123abcd-0000-4000-8000-0123456789ab:7"
+
+
+@pytest.fixture
+def three_fakes():
+    """A preloaded server whose locks are Redlock's on three hostile-test
+    fakes (t/test_hostile.py's FakeRedis)."""
+    fakes = [FakeRedis() for _ in range(3)]
+    pg = testbed.Postgres(conf={
+        "redis_lock.nodes": ",".join(f.url for f in fakes),
+        "redis_lock.command_timeout": "2s"}).init().start().with_extension()
+    yield fakes, pg
+    pg.cleanup()
+    for f in fakes:
+        f.stop()
+
+
+def test_one_node_naming_a_holder_twice_is_not_a_majority(three_fakes):
+    """Redlock on three masters (a majority is two): two hold 'w-dup' for
+    another client; the third answers the view's inspect with a Redisson
+    hash that lists one holder field twice, which no Redis sends (a hash's
+    fields are distinct).  That one node shows the field: it is not a
+    holder a majority reports, so the view shows only the real one, as
+    redis_lock_status counts each node once."""
+    fakes, pg = three_fakes
+    fakes[0].hold_foreign("w-dup")
+    fakes[1].hold_foreign("w-dup")
+    fakes[2].arm("inspect", Armed("raw", array(
+        bulk("hash"), integer(30000), array(bulk(HOLDER_FIELD), bulk(HOLDER_FIELD)))))
+    admin = pg.connect()
+    b = Session(pg)
+    try:
+        b.start("SELECT redis_lock_acquire('w-dup', wait => '60s')")
+        got = wait_for_rows(admin, b.pid)
+        assert [g[5] for g in got] == ["someone-else"], got
+    finally:
+        admin.cursor().execute("SELECT pg_terminate_backend(%s)", (b.pid,))
+        b.thread.join(10 * S)
+        b.close()
+        admin.close()
 
 
 # ---------------------------------------------------------------- Redis down

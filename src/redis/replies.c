@@ -285,12 +285,29 @@ is_type_name(const RLReply *r)
 }
 
 /*
+ * Is holder field v->element[i] one of v->element[0 .. i) too?  A hash's
+ * fields are distinct: a node that names one twice would count for two
+ * nodes where holders are counted (interface/waits.c).
+ */
+static bool
+listed_before(const RLReply *v, size_t i)
+{
+	size_t		j;
+
+	for (j = 0; j < i; j++)
+		if (v->element[j]->len == v->element[i]->len &&
+			memcmp(v->element[j]->str, v->element[i]->str, v->element[i]->len) == 0)
+			return true;
+	return false;
+}
+
+/*
  * Is this an inspect reply in the script's form: {type} for anything that
  * is not a lock, or {type, pttl, owner} for a lock, where a string's owner
  * is its value and a hash's the array of its holder fields, each in an
- * owner form (protocol.c)?  The script sends nothing else; a reply that
- * is anything else, from a server that is not what it seems, is not used,
- * so that only such forms ever reach a SQL value.
+ * owner form (protocol.c) and none twice?  The script sends nothing else;
+ * a reply that is anything else, from a server that is not what it seems,
+ * is not used, so that only such forms ever reach a SQL value.
  */
 bool
 rl_inspect_reply_valid(const RLReply *r)
@@ -312,7 +329,8 @@ rl_inspect_reply_valid(const RLReply *r)
 		v->elements == 0 || v->elements > RL_LOCK_FIELDS_MAX)
 		return false;
 	for (i = 0; i < v->elements; i++)
-		if (!rl_is_holder_field(v->element[i]->str, v->element[i]->len, &writer))
+		if (!rl_is_holder_field(v->element[i]->str, v->element[i]->len, &writer) ||
+			listed_before(v, i))
 			return false;
 	return true;
 }
