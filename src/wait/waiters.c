@@ -176,7 +176,9 @@ fill_record(RLWaiterSlot *w, const RLWaitKey *keys, const char *const *names,
 	w->pid = MyProcPid;
 	w->since = GetCurrentTimestamp();
 	w->nkeys = 0;
-	(void) put_text(w, &used, keys[0].target_spec, &spec_off);
+	/* no spec, no keys: a key must never be read back as where it lives */
+	if (!put_text(w, &used, keys[0].target_spec, &spec_off))
+		return;
 	for (i = 0; i < nkeys && w->nkeys < RL_WAITERS_MAX_KEYS; i++)
 	{
 		RLWaiterSlotKey *k = &w->keys[w->nkeys];
