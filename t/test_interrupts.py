@@ -647,11 +647,19 @@ def slow_env():
 
 def raise_delay_for_what_is_sent_next(env, s, sql, delay):
     """Start sql with the proxy's delay at `delay`; once its command is in
-    the proxy, what comes after (a retry's fresh connection) goes at once."""
+    the proxy, what comes after (a retry's fresh connection) goes at once.
+    Only the session's own connection counts (its CLIENT SETNAME is
+    redis_lock:<pid>): a chunk of the worker's, which goes through the same
+    proxy, would end the delay before the statement's command came (CI22,
+    once in a loaded lane: the acquire went undelayed and was granted)."""
+    name = "redis_lock:%d" % s.pid
+
+    def last_sent():
+        return max([sent for n, sent, _ in env.proxy.backend_io(s.pid) if n == name] or [0])
     env.proxy.delay = delay
-    before = env.proxy.chunks_in
+    before = last_sent()
     s.start(sql)
-    testbed.wait_until(lambda: env.proxy.chunks_in > before, 5, 0.001,
+    testbed.wait_until(lambda: last_sent() > before, 5, 0.001,
                        what="the statement's command to be sent")
     env.proxy.delay = 0.0
 

@@ -109,10 +109,16 @@ redis_lock_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
  * statement is planned, in ExecutorStart or ExecutorEnd, or in its commit
  * is the loss too.
  */
+#if PG_VERSION_NUM >= 190000
+#define rl_jumble_const const
+#else
+#define rl_jumble_const
+#endif
+
 #if PG_VERSION_NUM >= 140000
 static void
 redis_lock_post_parse_analyze(ParseState *pstate, Query *query,
-							  JumbleState *jstate)
+							  rl_jumble_const JumbleState *jstate)
 {
 	rl_lost_keep_context();
 	if (prev_post_parse_analyze)
