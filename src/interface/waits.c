@@ -120,7 +120,7 @@ add_holder(Waited *l, const char *owner, int64 pttl)
 /*
  * l's holders from its inspect op: every value or holder field that a
  * majority of its nodes (one node: it) shows, as redis_lock_status reads
- * each node's answer (rl_op_inspect_reply: only a lock's owner forms).
+ * each node's answer (rl_op_inspect_holders: only a lock's owner forms).
  */
 static void
 read_holders(Waited *l, RLLockOp *op)
@@ -131,19 +131,13 @@ read_holders(Waited *l, RLLockOp *op)
 	l->holders = palloc(sizeof(Holder) * op->nodes * RL_LOCK_FIELDS_MAX);
 	for (i = 0; i < op->nodes; i++)
 	{
-		/* {type} or, for a lock, {type, pttl, value or holder fields} */
-		RLReply    *r = rl_op_inspect_reply(op, i);
-		RLReply    *v;
-		size_t		k;
+		const char *holders[RL_LOCK_FIELDS_MAX];
+		int64		pttl = 0;
+		int			n = rl_op_inspect_holders(op, i, holders, &pttl);
+		int			k;
 
-		if (r == NULL || r->elements != 3)
-			continue;
-		v = r->element[2];
-		if (v->type == REDIS_REPLY_STRING)
-			add_holder(l, v->str, r->element[1]->integer);
-		else
-			for (k = 0; k < v->elements; k++)
-				add_holder(l, v->element[k]->str, r->element[1]->integer);
+		for (k = 0; k < n; k++)
+			add_holder(l, holders[k], pttl);
 	}
 	for (i = 0; i < l->nholders; i++)
 		if (l->holders[i].nodes >= rl_target_quorum(op->target))

@@ -786,37 +786,55 @@ rl_op_inspect_reply(RLLockOp *op, int node)
 }
 
 /*
+ * After an inspect op: the holders node's answer shows, into holders (room
+ * for RL_LOCK_FIELDS_MAX), and the lock's TTL into *pttl.  A lock's holders
+ * are its value (a string's) or its holder fields (a hash's), in the forms
+ * rl_inspect_reply let through; a key that is no lock, or a node that gave
+ * no answer, shows none.  Returns how many.
+ */
+int
+rl_op_inspect_holders(RLLockOp *op, int node, const char **holders,
+					  int64 *pttl)
+{
+	RLReply    *r = rl_op_inspect_reply(op, node);
+	RLReply    *v;
+	int			n = 0;
+	size_t		k;
+
+	Assert(op->kind == RL_OP_INSPECT);
+	/* {type} (not a lock) or {type, pttl, value or holder fields} */
+	if (r == NULL || r->elements != 3)
+		return 0;
+	v = r->element[2];
+	*pttl = r->element[1]->integer;
+	if (v->type == REDIS_REPLY_STRING)
+		holders[n++] = v->str;
+	else
+		for (k = 0; k < v->elements && n < RL_LOCK_FIELDS_MAX; k++)
+			holders[n++] = v->element[k]->str;
+	return n;
+}
+
+/*
  * After an inspect op: does owner hold the lock on a majority of its nodes
- * (one node: on it)?  A node holds it when its answer shows a lock whose
- * value (a string's) or one of whose holder fields (a hash's) is owner; a
- * node that gave no answer does not.  Read only: how the deadlock check
- * asks whether a hold some backend of this server has is still in Redis.
+ * (one node: on it)?  A node holds it when one of the holders its answer
+ * shows is owner.  Read only: how the deadlock check asks whether a hold
+ * some backend of this server has is still in Redis.
  */
 bool
 rl_op_held_by(RLLockOp *op, const char *owner)
 {
+	const char *holders[RL_LOCK_FIELDS_MAX];
+	int64		pttl;
 	int			held = 0;
 	int			j;
+	int			n;
 
-	Assert(op->kind == RL_OP_INSPECT);
 	for (j = 0; j < op->nodes; j++)
 	{
-		RLReply    *r = rl_op_inspect_reply(op, j);
-		RLReply    *v;
-		size_t		k;
-
-		/* {type} (not a lock) or {type, pttl, value or holder fields} */
-		if (r == NULL || r->elements != 3)
-			continue;
-		v = r->element[2];
-		if (v->type == REDIS_REPLY_STRING)
-		{
-			if (strcmp(v->str, owner) == 0)
-				held++;
-			continue;
-		}
-		for (k = 0; k < v->elements; k++)
-			if (strcmp(v->element[k]->str, owner) == 0)
+		n = rl_op_inspect_holders(op, j, holders, &pttl);
+		while (--n >= 0)
+			if (strcmp(holders[n], owner) == 0)
 			{
 				held++;
 				break;

@@ -304,6 +304,8 @@ extern bool rl_many_op_granted(RLManyOp *op);
 extern bool rl_op_granted(RLLockOp *op);
 extern int64 rl_op_found_ttl(RLLockOp *op);
 extern RLReply *rl_op_inspect_reply(RLLockOp *op, int node);
+extern int	rl_op_inspect_holders(RLLockOp *op, int node, const char **holders,
+								  int64 *pttl);
 extern bool rl_op_held_by(RLLockOp *op, const char *owner);
 
 #endif							/* RL_REDIS_H */

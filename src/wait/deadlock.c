@@ -92,7 +92,6 @@ RLWaitRecord rl_dl_mine;		/* what this wait published (also without a
 RLWaitId   *rl_dl_mine_keys = NULL;	/* every key of it (TopMemoryContext) */
 static int	mine_keys_cap = 0;
 dsm_segment *rl_dl_mine_segment = NULL;	/* rl_dl_mine.more, attached */
-static bool callbacks_set = false;
 
 /*
  * A cycle the last check found, until Redis has been asked about its holds
@@ -151,13 +150,9 @@ record_of_mine(void)
 {
 	int			procno;
 
-	if (rl_dl == NULL || MyProc == NULL)
+	if (rl_dl == NULL)
 		return NULL;
-#if PG_VERSION_NUM >= 170000
-	procno = MyProcNumber;
-#else
-	procno = MyProc->pgprocno;
-#endif
+	procno = rl_wait_my_procno();
 	return procno >= 0 && procno < rl_dl->nrecords ? &rl_dl->records[procno] : NULL;
 }
 
@@ -165,28 +160,6 @@ record_of_mine(void)
  * The wait: begin, publish, withdraw, end
  * ----------------------------------------------------------------
  */
-static void
-redis_lock_deadlock_xact_callback(XactEvent event, void *arg)
-{
-	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
-		event == XACT_EVENT_COMMIT)
-		rl_deadlock_wait_end();
-}
-
-static void
-redis_lock_deadlock_subxact_callback(SubXactEvent event,
-									 SubTransactionId mySubid,
-									 SubTransactionId parentSubid, void *arg)
-{
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-		rl_deadlock_wait_end();
-}
-
-static void
-redis_lock_deadlock_before_shmem_exit(int code, Datum arg)
-{
-	rl_deadlock_wait_end();
-}
 
 /*
  * A segment holding every key of this wait, not yet named by any record
@@ -227,13 +200,7 @@ publish(void)
 	dsm_segment *old_seg;
 	int			i;
 
-	if (!callbacks_set)
-	{
-		RegisterXactCallback(redis_lock_deadlock_xact_callback, NULL);
-		RegisterSubXactCallback(redis_lock_deadlock_subxact_callback, NULL);
-		before_shmem_exit(redis_lock_deadlock_before_shmem_exit, (Datum) 0);
-		callbacks_set = true;
-	}
+	rl_wait_register_end();
 	if (wait_nkeys > mine_keys_cap)
 	{
 		int			cap = Max(wait_nkeys, 2 * mine_keys_cap);

@@ -154,4 +154,8 @@ extern bool rl_dl_search(Check *c);
 extern bool rl_dl_confirm_cycle(Check *c);
 extern void rl_dl_describe_cycle(Check *c, char **client_out, char **log_out);
 
+/* waiters.c: what both publications of a wait share */
+extern int	rl_wait_my_procno(void);
+extern void rl_wait_register_end(void);
+
 #endif							/* RL_WAIT_INT_H */

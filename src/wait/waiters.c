@@ -40,7 +40,7 @@
 #include "storage/proc.h"
 #include "utils/timestamp.h"
 
-#include "wait/wait.h"
+#include "wait/wait_int.h"
 
 /*
  * Bytes of one record's strings: its target's spec, each key's name, key
@@ -76,7 +76,6 @@ typedef struct RLWaiters
 
 static RLWaiters *waiters = NULL;
 static RLWaiterSlot *my_slot = NULL;	/* set while this backend's is used */
-static bool callbacks_set = false;
 
 /* ----------------------------------------------------------------
  * Shared memory: a part of the extension's area (interface/shmem.c)
@@ -109,13 +108,9 @@ slot_of_mine(void)
 {
 	int			procno;
 
-	if (waiters == NULL || MyProc == NULL)
+	if (waiters == NULL)
 		return NULL;
-#if PG_VERSION_NUM >= 170000
-	procno = MyProcNumber;
-#else
-	procno = MyProc->pgprocno;
-#endif
+	procno = rl_wait_my_procno();
 	return procno >= 0 && procno < waiters->nslots ? &waiters->slots[procno] : NULL;
 }
 
@@ -123,27 +118,70 @@ slot_of_mine(void)
  * Writing this backend's record
  * ----------------------------------------------------------------
  */
+/*
+ * This backend's number among the processes that have a PGPROC (what
+ * indexes a record of the waiters and of the deadlock check), or -1 when it
+ * has none.
+ */
+int
+rl_wait_my_procno(void)
+{
+	if (MyProc == NULL)
+		return -1;
+#if PG_VERSION_NUM >= 170000
+	return MyProcNumber;
+#else
+	return MyProc->pgprocno;
+#endif
+}
+
+/*
+ * Whatever ends a wait ends both of its publications, the record the
+ * waiters' view reads and the deadlock check's: at the end of the
+ * transaction or subtransaction it ran in, or at exit.  Both ends do
+ * nothing when nothing is published.
+ */
 static void
-redis_lock_waiters_xact_callback(XactEvent event, void *arg)
+end_wait(void)
+{
+	rl_waiters_end();
+	rl_deadlock_wait_end();
+}
+
+static void
+redis_lock_wait_xact_callback(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
 		event == XACT_EVENT_COMMIT)
-		rl_waiters_end();
+		end_wait();
 }
 
 static void
-redis_lock_waiters_subxact_callback(SubXactEvent event,
-									SubTransactionId mySubid,
-									SubTransactionId parentSubid, void *arg)
+redis_lock_wait_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+								 SubTransactionId parentSubid, void *arg)
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB)
-		rl_waiters_end();
+		end_wait();
 }
 
 static void
-redis_lock_waiters_before_shmem_exit(int code, Datum arg)
+redis_lock_wait_before_shmem_exit(int code, Datum arg)
 {
-	rl_waiters_end();
+	end_wait();
+}
+
+/* Register the callbacks that end a wait, once per backend */
+void
+rl_wait_register_end(void)
+{
+	static bool registered = false;
+
+	if (registered)
+		return;
+	RegisterXactCallback(redis_lock_wait_xact_callback, NULL);
+	RegisterSubXactCallback(redis_lock_wait_subxact_callback, NULL);
+	before_shmem_exit(redis_lock_wait_before_shmem_exit, (Datum) 0);
+	registered = true;
 }
 
 /* Append s to the text at *used; false (nothing written) when it is full */
@@ -213,13 +251,7 @@ rl_waiters_begin(const RLWaitKey *keys, const char *const *names,
 	rl_waiters_end();
 	if (slot == NULL || nkeys <= 0)
 		return;
-	if (!callbacks_set)
-	{
-		RegisterXactCallback(redis_lock_waiters_xact_callback, NULL);
-		RegisterSubXactCallback(redis_lock_waiters_subxact_callback, NULL);
-		before_shmem_exit(redis_lock_waiters_before_shmem_exit, (Datum) 0);
-		callbacks_set = true;
-	}
+	rl_wait_register_end();
 	w = palloc(sizeof(RLWaiterSlot));
 	fill_record(w, keys, names, owners, nkeys);
 
