@@ -773,10 +773,18 @@ def test_the_workers_subscriptions(world):
             pytest.xfail("after the whole file, the worker's resubscription: %s" % e)
         world.rc.delete(prefix + "1")
         admin = world.session()
+        lost = lambda: one(admin, "SELECT lost FROM redis_lock_locks "  # noqa: E731
+                           "WHERE lock_name = '%s1'" % prefix)
         try:
-            testbed.wait_until(lambda: one(admin, "SELECT lost FROM redis_lock_locks "
-                                           "WHERE lock_name = '%s1'" % prefix),
-                               3 * S, 0.01, what="the deletion to be found")
+            try:
+                testbed.wait_until(lost, 3 * S, 0.01, what="the deletion to be found")
+            except TimeoutError:
+                # an event that comes while the worker waits for another
+                # subscription's confirmation is left to the renewal
+                # (doc/leases.md): 10 s away here (CI23, once under load)
+                testbed.wait_until(lost, 10 + BOUND_S, 0.05,
+                                   what="the deletion to be found by the renewal")
+                pytest.xfail("the deletion was found by the renewal, not its event")
         finally:
             admin.close()
     finally:

@@ -715,11 +715,16 @@ def test_redlock_on_three_valkey_masters(valkey_masters):
     try:
         assert a.run("SELECT redis_lock_acquire('rl', ttl => '30s')") is None   # no fencing
         assert not any(m.client().keys("redis_lock:fence:*") for m in ms)
-        tokens = {m.client().get("rl") for m in ms}
-        assert len(tokens) == 1 and tokens.pop().startswith(MARKER)
+        # a grant is a majority: under load a master's answer can miss
+        # command_timeout (CI23: 2 of 3 held it when read); none holds another
+        held = [m.client().get("rl") for m in ms]
+        tokens = {t for t in held if t is not None}
+        assert len(tokens) == 1 and tokens.pop().startswith(MARKER), held
+        assert sum(t is not None for t in held) >= 2, held
         assert b.run("SELECT redis_lock_try_acquire('rl')") is False
         assert a.run("SELECT redis_lock_release('rl')") is True
-        assert all(m.client().exists("rl") == 0 for m in ms)
+        testbed.wait_until(lambda: all(m.client().exists("rl") == 0 for m in ms), 10,
+                           what="the release on every master")
         # a minority of them held by someone else: still a majority for us
         ms[0].client().set("rl", "foreign", px=30000)
         assert b.run("SELECT redis_lock_try_acquire('rl')") is True
