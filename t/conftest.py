@@ -109,6 +109,20 @@ def rsql(sessions):
     return make
 
 
+def wait_for_queue_lead(rc, s):
+    """Poll until s, waiting for a Redis lock, leads this server's local
+    queue for it: a waiter subscribes in Redis (its connection
+    "redis_lock:PID:sub") only once it has taken the queue's first seat.
+    Its wait event does not show that: the attempt it makes before it
+    queues (and its connection's handshake) wait on Redis too, and a
+    waiter that comes while it is there finds no queue and works in Redis
+    itself."""
+    name = "redis_lock:%d:sub" % s.pid
+    testbed.wait_until(lambda: any(c["name"] == name and c.get("sub", "0") != "0"
+                                   for c in rc.client_list()), 10,
+                       what="backend %d to lead the local queue" % s.pid)
+
+
 def wait_for_wait_event(admin, pid, timeout=10):
     """Poll until backend pid sits in our Extension wait."""
     def waiting():

@@ -23,7 +23,7 @@ import time
 import psycopg2
 import pytest
 
-from conftest import Session
+from conftest import Session, wait_for_queue_lead
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -75,20 +75,6 @@ def wait_for_lock_wait(admin, pid, timeout=10):
     testbed.wait_until(lambda: testbed.sql_one(
         admin.conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
         (pid,)), timeout, what="backend %d to wait for a PostgreSQL lock" % pid)
-
-
-def wait_for_queue_lead(rc, s):
-    """Poll until s, waiting for a Redis lock, leads this server's local
-    queue for it: a waiter subscribes in Redis (its connection
-    "redis_lock:PID:sub") only once it has taken the queue's first seat.
-    Its wait event does not show that: the attempt it makes before it
-    queues (and its connection's handshake) wait on Redis too, and a
-    waiter that comes while it is there finds no queue and works in Redis
-    itself."""
-    name = "redis_lock:%d:sub" % s.pid
-    testbed.wait_until(lambda: any(c["name"] == name and c.get("sub", "0") != "0"
-                                   for c in rc.client_list()), 10,
-                       what="backend %d to lead the local queue" % s.pid)
 
 
 def checks(pg, pid):

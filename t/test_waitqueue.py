@@ -12,7 +12,7 @@ import time
 import psycopg2
 import pytest
 
-from conftest import wait_for_wait_event
+from conftest import wait_for_queue_lead, wait_for_wait_event
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -151,7 +151,7 @@ def test_cancelled_sleeper_and_caught_cancel_leave_the_queue(sessions, rc):
     assert holder.run(HOLD, (KEY,))
     first = sessions()
     first.start("SELECT redis_lock_acquire(%s, wait => '30s')", (KEY,))
-    wait_for_wait_event(admin.conn, first.pid)
+    wait_for_queue_lead(rc, first)
     cancelled = sessions()
     cancelled.start("SELECT redis_lock_acquire(%s, wait => '30s')", (KEY,))
     wait_for_wait_event(admin.conn, cancelled.pid)
@@ -237,7 +237,9 @@ def test_wait_runs_out_in_the_queue_and_leaves_it(sessions, rc):
     assert holder.run(HOLD, (KEY,))
     head = sessions()
     head.start("SELECT redis_lock_acquire(%s, wait => '30s')", (KEY,))
-    wait_for_wait_event(admin.conn, head.pid)
+    # queued, not only waiting: its first attempt waits on Redis too, and a
+    # waiter that comes then finds no queue and works in Redis (CI24, PG 13)
+    wait_for_queue_lead(rc, head)
     short = sessions()
     t0 = time.monotonic()
     with pytest.raises(psycopg2.errors.LockNotAvailable):
