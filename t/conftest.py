@@ -109,6 +109,29 @@ def rsql(sessions):
     return make
 
 
+def terminating_sessions(pg):
+    """A fixture's body: it yields a maker of Sessions on pg, and at the
+    end terminates their backends, so that one left waiting by a failed
+    assertion cannot hang the teardown."""
+    made = []
+
+    def make(**kw):
+        s = Session(pg, **kw)
+        made.append(s)
+        return s
+    yield make
+    admin = pg.connect()
+    try:
+        for s in made:
+            admin.cursor().execute("SELECT pg_terminate_backend(%s)", (s.pid,))
+    finally:
+        admin.close()
+    for s in made:
+        if s.thread is not None:
+            s.thread.join(10 * testbed.TIME_SCALE)
+        s.close()
+
+
 def wait_for_queue_lead(rc, s):
     """Poll until s, waiting for a Redis lock, leads this server's local
     queue for it: a waiter subscribes in Redis (its connection

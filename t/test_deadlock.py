@@ -23,7 +23,7 @@ import time
 import psycopg2
 import pytest
 
-from conftest import Session, wait_for_queue_lead
+from conftest import Session, terminating_sessions, wait_for_queue_lead
 import testbed
 from testbed import TIME_SCALE as S
 
@@ -38,23 +38,7 @@ def sessions(pg):
     """Sessions whose backends are terminated at the end of the test, so
     that one left waiting by a failed assertion (for a row lock of another)
     cannot hang the teardown."""
-    made = []
-
-    def make(**kw):
-        s = Session(pg, **kw)
-        made.append(s)
-        return s
-    yield make
-    admin = pg.connect()
-    try:
-        for s in made:
-            admin.cursor().execute("SELECT pg_terminate_backend(%s)", (s.pid,))
-    finally:
-        admin.close()
-    for s in made:
-        if s.thread is not None:
-            s.thread.join(10 * S)
-        s.close()
+    yield from terminating_sessions(pg)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 import redis
 from redis.lock import Lock
 
-from conftest import Session
+from conftest import Session, terminating_sessions
 import testbed
 from testbed import TIME_SCALE as S
 from test_hostile import Armed, FakeRedis, array, bulk, integer
@@ -35,23 +35,7 @@ ROWS = ("SELECT lock_name, mode, redis_key, holder_kind, holder_pid, holder, "
 def sessions(pg):
     """Sessions whose backends are terminated at the end of the test: one
     left waiting by a failed assertion cannot hang the teardown."""
-    made = []
-
-    def make(**kw):
-        s = Session(pg, **kw)
-        made.append(s)
-        return s
-    yield make
-    admin = pg.connect()
-    try:
-        for s in made:
-            admin.cursor().execute("SELECT pg_terminate_backend(%s)", (s.pid,))
-    finally:
-        admin.close()
-    for s in made:
-        if s.thread is not None:
-            s.thread.join(10 * S)
-        s.close()
+    yield from terminating_sessions(pg)
 
 
 def rows(admin, pid):
