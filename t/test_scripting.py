@@ -919,6 +919,19 @@ def refused_everywhere(r):
         with pytest.raises(psycopg2.errors.FeatureNotSupported) as ei:
             a.run("SELECT redis_lock_acquire('nolua')")
         assert "needs Lua scripts" in str(ei.value)
+        # and nothing for the watchdog worker either: a refused acquire was
+        # never sent, so it is no doubt to release (before: the worker tried
+        # to release each with the commands the server lacks, failing every
+        # few ms until the lease's horizon, and watched no key meanwhile)
+        a.run("SET redis_lock.protocol = 'simple'")
+        a.run("SET redis_lock.scripting = on")
+        a.run("SET redis_lock.lease_time = '900ms'")
+        assert a.run("SELECT redis_lock_acquire('scripted') > 0")
+        testbed.wait_until(lambda: a.run("SELECT last_renewed_at IS NOT NULL FROM "
+                                         "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
+                           10, 0.01, what="the worker's first renewal")
+        assert a.run("SELECT redis_lock_release('scripted')") is True
+        assert "could not renew or release" not in pg.log_text()
     finally:
         a.close()
         pg.cleanup()

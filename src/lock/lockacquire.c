@@ -57,6 +57,8 @@ attempt(RLHeld *e, int64 lease_ms, RLLockOp *op)
 {
 	rl_lt_op_init(op, RL_OP_ACQUIRE, e, lease_ms);
 	op->queue_wait_ms = e->queued_ms;
+	/* what stops it before it is sent raises before it is a doubt */
+	rl_lock_ops_route(op, 1);
 	e->expires_at = rl_lt_doubt_horizon(lease_ms);
 	e->late_grant = true;		/* until we know: a cancel may cut it short */
 	e->lease_from = GetCurrentTimestamp();	/* a grant's lease starts later */

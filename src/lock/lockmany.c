@@ -211,11 +211,17 @@ attempt(Many *c)
 		bool		late;
 		int			k;
 
+		op->target = c->target;
+		op->nlocks = gr->n;
+		op->names = names;
+		for (k = 0; k < gr->n; k++)
+			names[k] = &c->m[gr->idx[k]].e->names;
+		/* what stops it before it is sent raises before they are doubts */
+		rl_many_op_route(op);
 		for (k = 0; k < gr->n; k++)
 		{
 			Member	   *m = &c->m[gr->idx[k]];
 
-			names[k] = &m->e->names;
 			held[k] = m->held;
 			/* a reentrant hold renews as a single acquire's does */
 			lease[k] = (m->held && m->e->watchdog) ? m->e->lease_ms : c->lease_ms;
@@ -227,9 +233,6 @@ attempt(Many *c)
 				m->sent = true;
 			}
 		}
-		op->target = c->target;
-		op->nlocks = gr->n;
-		op->names = names;
 		op->lease_ms = lease;
 		op->held = held;
 		/* tokens from independent masters would not be ordered: none */

@@ -340,6 +340,55 @@ reset_op(RLLockOp *op, RLCall *calls)
 }
 
 /*
+ * The nodes of op's key into conns (how many; -1 with *error set when its
+ * topology could not be learnt), and for a script-free op what each of them
+ * offers (why[], rl_learn_offers).  In hard mode what stops the op before
+ * anything is sent raises here instead: a topology that cannot be learnt, a
+ * server without the commands of script-free locks.
+ */
+static int
+route_op(RLLockOp *op, RLRunMode mode, RLConn **conns, RLCall **why,
+		 char **error)
+{
+	int			n;
+
+	if (mode == RL_RUN_SOFT)
+		n = rl_target_nodes(op->target, op->names->key, op->names->keylen,
+							conns, false, error);
+	else
+		n = rl_target_nodes_or_raise(op->target, op->names->key,
+									 op->names->keylen, conns, false);
+	if (n > 0 && op->names->script_free)
+		rl_learn_offers(conns, n, op->target, op->names->key,
+						op->names->keylen, mode, !op->routed, why);
+	return n;
+}
+
+/*
+ * Raise now what running ops in hard mode would raise before sending
+ * anything (route_op), for a caller that counts an op as a doubt from when
+ * it may be sent: an error here leaves nothing to doubt.  What is learnt
+ * (connections, topology, what servers offer) stays with the connections,
+ * so the run that follows pays no round trip for it again; and that run
+ * does not ask again where a server did not answer here, so it cannot
+ * raise what this did not (it fails the op, unsent, instead).
+ */
+void
+rl_lock_ops_route(RLLockOp *ops, int nops)
+{
+	RLConn	   *conns[RL_MAX_NODES];
+	RLCall	   *why[RL_MAX_NODES];
+	int			i;
+
+	for (i = 0; i < nops; i++)
+	{
+		ops[i].routed = false;
+		(void) route_op(&ops[i], RL_RUN_HARD, conns, why, NULL);
+		ops[i].routed = true;
+	}
+}
+
+/*
  * Build the calls of every op into calls[], stride per node (its unit, and
  * a WAIT after an acquire); returns how many.  An op whose nodes could not
  * be learnt is failed and marked in unrouted[]; its topology is not asked
@@ -373,12 +422,7 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 			unrouted[i] = true;
 			continue;
 		}
-		if (mode == RL_RUN_SOFT)
-			op->nodes = rl_target_nodes(op->target, op->names->key,
-										op->names->keylen, conns, false, &error);
-		else
-			op->nodes = rl_target_nodes_or_raise(op->target, op->names->key,
-												 op->names->keylen, conns, false);
+		op->nodes = route_op(op, mode, conns, why, &error);
 		if (op->nodes < 0)
 		{
 			lost_targets[nlost] = op->target;
@@ -387,9 +431,6 @@ build_round(RLLockOp *ops, int nops, RLRunMode mode, RLCall *calls, bool *unrout
 			unrouted[i] = true;
 			continue;
 		}
-		if (op->names->script_free)
-			rl_learn_offers(conns, op->nodes, op->target, op->names->key,
-							op->names->keylen, mode, why);
 		for (j = 0; j < op->nodes; j++)
 		{
 			RLCall	   *unit = &calls[k];
@@ -889,6 +930,31 @@ count_many_answer(RLManyOp *op, RLCall *call)
 }
 
 /*
+ * The nodes of a multi-key acquire (those of its first key: the caller puts
+ * all keys in one slot), as route_op; its form always has a script.
+ */
+static int
+route_many(RLManyOp *op, RLRunMode mode, RLConn **conns, char **error)
+{
+	const RLLockNames *first = op->names[0];
+
+	if (mode == RL_RUN_SOFT)
+		return rl_target_nodes(op->target, first->key, first->keylen, conns,
+							   false, error);
+	return rl_target_nodes_or_raise(op->target, first->key, first->keylen,
+									conns, false);
+}
+
+/* rl_lock_ops_route for a multi-key acquire */
+void
+rl_many_op_route(RLManyOp *op)
+{
+	RLConn	   *conns[RL_MAX_NODES];
+
+	(void) route_many(op, RL_RUN_HARD, conns, NULL);
+}
+
+/*
  * Run a multi-key acquire: one script call per node of the target (the
  * node of the first key: the caller puts all keys in one slot), in one
  * round trip, WAIT numreplicas pipelined after each as for a single
@@ -918,12 +984,7 @@ rl_many_op_run_at(RLManyOp *op, RLRunMode mode, const char *site)
 	op->replicas_short = 0;
 	op->calls = palloc0(sizeof(RLCall) * rl_target_max_nodes(op->target) * op->stride);
 
-	if (mode == RL_RUN_SOFT)
-		op->nodes = rl_target_nodes(op->target, first->key, first->keylen,
-									conns, false, &error);
-	else
-		op->nodes = rl_target_nodes_or_raise(op->target, first->key,
-											 first->keylen, conns, false);
+	op->nodes = route_many(op, mode, conns, &error);
 	if (op->nodes < 0)
 	{
 		RLCall	   *c = &op->calls[0];

@@ -156,7 +156,7 @@ extern int	rl_build_force_delete(RLCall *unit, RLConn *conn,
 								  const RLLockNames *n, const char *token);
 extern void rl_learn_offers(RLConn **conns, int n, RLTarget *target,
 							const char *key, size_t keylen, RLRunMode mode,
-							RLCall **why);
+							bool ask, RLCall **why);
 extern RLCall *rl_unit_failure(RLOpKind kind, RLCall *unit, int n);
 extern bool rl_unit_may_have_run(RLCall *unit, int n);
 extern bool rl_unit_refused_for_good(RLOpKind kind, RLCall *unit, int n);
@@ -217,6 +217,8 @@ struct RLLockOp
 	bool		may_outlive;	/* release: the key may outlive ours_until
 								 * (a renewal may have run unanswered, or
 								 * the release goes before then) */
+	bool		routed;			/* rl_lock_ops_route asked what its servers
+								 * offer: the run does not ask again */
 	/* out */
 	int			nodes;
 	int			yes;
@@ -296,10 +298,12 @@ extern void rl_lock_ops_run_at(RLLockOp *ops, int nops, RLRunMode mode,
 /* the caller is named where a wait breaks the rule (rl_assert_may_wait) */
 #define rl_lock_ops_run(ops, nops, mode) \
 	rl_lock_ops_run_at((ops), (nops), (mode), __func__)
+extern void rl_lock_ops_route(RLLockOp *ops, int nops);
 extern void rl_lock_ops_send(RLLockOp *ops, int nops, bool *sent);
 extern bool rl_lock_op_answered(RLLockOp *op);
 extern void rl_many_op_run_at(RLManyOp *op, RLRunMode mode, const char *site);
 #define rl_many_op_run(op, mode) rl_many_op_run_at((op), (mode), __func__)
+extern void rl_many_op_route(RLManyOp *op);
 extern bool rl_many_op_granted(RLManyOp *op);
 extern bool rl_op_granted(RLLockOp *op);
 extern int64 rl_op_found_ttl(RLLockOp *op);

@@ -229,11 +229,13 @@ rl_build_force_delete(RLCall *unit, RLConn *conn, const RLLockNames *n,
  * becomes where it was answered.  why[i] is NULL where units may go, else
  * a call saying why not: the question's own failure (a node that did not
  * answer), or RL_FAIL_UNSUPPORTED, which in hard mode is raised at once,
- * before anything is sent to any node.
+ * before anything is sent to any node.  With ask false nothing is asked: a
+ * server whose answer is not known (asked before, unanswered) is one that
+ * did not answer.
  */
 void
 rl_learn_offers(RLConn **conns, int n, RLTarget *target, const char *key,
-				size_t keylen, RLRunMode mode, RLCall **why)
+				size_t keylen, RLRunMode mode, bool ask, RLCall **why)
 {
 	int		   *asked = NULL;
 	RLCall	   *calls = NULL;
@@ -244,7 +246,7 @@ rl_learn_offers(RLConn **conns, int n, RLTarget *target, const char *key,
 	for (i = 0; i < n; i++)
 	{
 		why[i] = NULL;
-		if (rl_conn_commands(conns[i], NULL) == RL_COMMANDS_UNKNOWN)
+		if (ask && rl_conn_commands(conns[i], NULL) == RL_COMMANDS_UNKNOWN)
 		{
 			if (calls == NULL)
 			{
