@@ -305,3 +305,31 @@ def test_keyspace_events_over_tls_each_found_at_once(tls_env):
         for s in ss:
             s.close()
         admin.close()
+
+
+def test_a_slow_subscription_never_makes_a_renewal_late():
+    """The worker subscribes to the keyspace notifications of the locks it
+    renews between its renewals, never into one: a server whose subscriber
+    connections answer 3 s late (a proxy delays only their replies), while
+    it answers renewals at once, keeps a 900 ms lease renewed through three
+    rounds of subscriptions that each ran out.  (Before: each round waited
+    up to 1 s whatever was due, and the lease ran out in the first.)"""
+    r = testbed.Redis().start()
+    proxy = testbed.DelayProxy(r.port, 0.0).start()
+    proxy.slow_replies = (":worker:sub", 3.0)
+    pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
+                                "redis_lock.lease_time": "900ms"}).init().start().with_extension()
+    s = Session(pg)
+    try:
+        assert s.run("SELECT redis_lock_acquire('slow-sub') > 0")
+        # a round that ran out closes its connection: the next opens another
+        testbed.wait_until(lambda: proxy.names_seen(":worker:sub") >= 3, 30, 0.02,
+                           what="three rounds of the worker's subscriptions")
+        assert s.run("SELECT lost FROM redis_lock_held() WHERE lock_name = 'slow-sub'") is False
+        assert "was lost" not in pg.log_text()
+        assert s.run("SELECT redis_lock_release('slow-sub')") is True
+    finally:
+        s.close()
+        pg.cleanup()
+        proxy.stop()
+        r.stop()

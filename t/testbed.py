@@ -515,7 +515,10 @@ class DelayProxy:
     undelivered_replies(name) counts the reply chunks the proxy has read
     but not passed on, for the connections named `name` (CLIENT SETNAME):
     a test that kills Redis after a command ran waits for it to be >= 1,
-    or the reply may not have been written yet and dies with the server."""
+    or the reply may not have been written yet and dies with the server.
+    slow_replies = (suffix, seconds) adds seconds to the replies of the
+    connections whose name ends with suffix, once they have named
+    themselves; names_seen(suffix) counts such connections so far."""
 
     def __init__(self, target_port, delay_s):
         import asyncio
@@ -528,6 +531,8 @@ class DelayProxy:
         # deliver what a client sent even after it reset the connection (a
         # command still on the network when its sender gave up on it)
         self.deliver_after_reset = False
+        self.slow_replies = None
+        self.named = []             # every connection's name, in order
         # [client writer, server writer, reset?, {"name", "undelivered"}]
         self.conns = []
         self.port = free_port()
@@ -570,9 +575,15 @@ class DelayProxy:
                     if conn is not None and conn[3]["name"] is None:
                         m = re.search(rb"SETNAME\r\n\$\d+\r\n([^\r]*)", data)
                         conn[3]["name"] = m.group(1).decode() if m else ""
+                        self.named.append(conn[3]["name"])
                 elif conn is not None:
                     conn[3]["undelivered"] += 1
-                queue.put_nowait((loop.time() + self.delay, data))
+                delay = self.delay
+                slow = self.slow_replies
+                if (replies and slow is not None and conn is not None and
+                        (conn[3]["name"] or "").endswith(slow[0])):
+                    delay += slow[1]
+                queue.put_nowait((loop.time() + delay, data))
             queue.put_nowait((0, None))
             await sender
         except (ConnectionError, OSError):
@@ -599,6 +610,9 @@ class DelayProxy:
                                       self._pipe(sreader, cwriter, replies=True, conn=conn))
         finally:
             self.conns.remove(conn)
+
+    def names_seen(self, suffix):
+        return sum(1 for n in list(self.named) if n.endswith(suffix))
 
     def undelivered_replies(self, name):
         return sum(c[3]["undelivered"] for c in list(self.conns) if c[3]["name"] == name)

@@ -729,7 +729,7 @@ rl_watchdog_main(Datum arg)
 		sleep_ms = worker_cycle();
 		wake_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), sleep_ms);
 		/* keyspace notifications of the locks it renews, where sent */
-		rl_watch_events_sync(rl_wd_lane);
+		rl_watch_events_sync(rl_wd_lane, wake_at);
 		pg_atomic_write_u64(&rl_shared->worker_wakes_at[rl_wd_lane], (uint64) wake_at);
 
 		/* what is due comes no later for the subscriptions' round trip */

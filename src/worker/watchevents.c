@@ -51,9 +51,12 @@
  * included), and how long a target whose subscriptions failed (refused by
  * an ACL that denies the channels, or too slow on a loaded machine) is left
  * alone before trying again: the first retry after RL_WATCH_RETRY_MIN_MS,
- * doubling up to RL_WATCH_RETRY_MAX_MS.
+ * doubling up to RL_WATCH_RETRY_MAX_MS.  A round never runs into the
+ * worker's next renewal or release: it gets what is left until then, and
+ * is put off to a later pass when that is under RL_WATCH_SUBSCRIBE_MIN_MS.
  */
 #define RL_WATCH_SUBSCRIBE_MS	1000
+#define RL_WATCH_SUBSCRIBE_MIN_MS	20
 #define RL_WATCH_RETRY_MIN_MS	500
 #define RL_WATCH_RETRY_MAX_MS	10000
 
@@ -334,7 +337,8 @@ note_subscribed(int tidx, bool failed, const char *problem)
  * at a later sync, not before the target's retry time.
  */
 static void
-subscribe_target(List *todo, int tidx, const RLSharedTarget *target)
+subscribe_target(List *todo, int tidx, const RLSharedTarget *target,
+				 int budget_ms)
 {
 	RLTarget   *t = rl_target_from_spec(target->spec);
 	int			cap = list_length(todo) * RL_MAX_NODES;
@@ -350,8 +354,8 @@ subscribe_target(List *todo, int tidx, const RLSharedTarget *target)
 
 	rl_use_credentials(target->password[0] ? target->password : NULL,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
-	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, RL_WATCH_SUBSCRIBE_MS);
-	rl_command_timeout_ms = Min(rl_command_timeout_ms, RL_WATCH_SUBSCRIBE_MS);
+	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, budget_ms);
+	rl_command_timeout_ms = Min(rl_command_timeout_ms, budget_ms);
 	foreach(lc, todo)
 	{
 		WatchedKey *w = lfirst(lc);
@@ -375,8 +379,8 @@ subscribe_target(List *todo, int tidx, const RLSharedTarget *target)
 	}
 	if (n > 0)
 	{
-		char	   *why = rl_subscribe_keyspace(subs, keys, n,
-												RL_WATCH_SUBSCRIBE_MS, refused);
+		char	   *why = rl_subscribe_keyspace(subs, keys, n, budget_ms,
+												refused);
 
 		if (problem == NULL)
 			problem = why;
@@ -434,14 +438,29 @@ unsubscribe_keys(List *gone)
 }
 
 /*
- * After each cycle of the worker of lane: subscribe to the keyspace
- * notifications of every lock it renews that is newly held, unsubscribe
- * from those no longer held, and subscribe again where a subscriber
- * connection was lost.  Bounded by RL_WATCH_SUBSCRIBE_MS per target with
- * something to subscribe; nothing is waited for when nothing changed.
+ * What a round of subscriptions may take now, when the worker has work due
+ * at due: 0 when too little is left (the round waits for a later pass).
+ */
+static int
+round_budget_ms(TimestampTz due)
+{
+	long		left = (long) ((due - GetCurrentTimestamp()) / 1000);
+
+	return left < RL_WATCH_SUBSCRIBE_MIN_MS ? 0 :
+		(int) Min(left, RL_WATCH_SUBSCRIBE_MS);
+}
+
+/*
+ * After each cycle of the worker of lane, which has work due at due:
+ * subscribe to the keyspace notifications of every lock it renews that is
+ * newly held, unsubscribe from those no longer held, and subscribe again
+ * where a subscriber connection was lost.  Each target's round is bounded
+ * by RL_WATCH_SUBSCRIBE_MS and by what is left until due (round_budget_ms),
+ * so a slow subscription never makes a renewal late; nothing is waited for
+ * when nothing changed.
  */
 void
-rl_watch_events_sync(RLLane lane)
+rl_watch_events_sync(RLLane lane, TimestampTz due)
 {
 	List	   *gone = NIL;
 	List	   *todo[RL_MAX_TARGETS];
@@ -465,13 +484,14 @@ rl_watch_events_sync(RLLane lane)
 	for (tidx = 0; tidx < RL_MAX_TARGETS; tidx++)
 	{
 		RLSharedTarget target;
+		int			budget_ms = round_budget_ms(due);
 
-		if (todo[tidx] == NIL)
+		if (todo[tidx] == NIL || budget_ms == 0)
 			continue;
 		LWLockAcquire(rl_shared->lock, LW_SHARED);
 		memcpy(&target, &rl_shared->targets[tidx], sizeof(target));
 		LWLockRelease(rl_shared->lock);
-		subscribe_target(todo[tidx], tidx, &target);
+		subscribe_target(todo[tidx], tidx, &target, budget_ms);
 		/* the passwords stay only as long as they are needed */
 		explicit_bzero(&target, sizeof(target));
 	}

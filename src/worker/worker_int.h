@@ -150,7 +150,7 @@ extern void rl_registry_init(void);
 extern void rl_slot_free(int idx);
 
 /* watchevents.c: the worker's keyspace watch of the locks it renews */
-extern void rl_watch_events_sync(RLLane lane);
+extern void rl_watch_events_sync(RLLane lane, TimestampTz due);
 extern void rl_watch_events_wait(long sleep_ms);
 
 /* ----------------------------------------------------------------
