@@ -546,6 +546,27 @@ def test_every_reply_of_a_handshake(world, cmd):
         world.assert_alive(case)
 
 
+def test_a_command_info_describing_other_commands_offers_nothing(world):
+    """COMMAND INFO DELIFEQ DELEX answered with the descriptions of GET and
+    SET (two arrays, the shape of a real answer): neither is offered, so a
+    script-free acquire on Redis 7.0 is refused (0A000) and takes nothing.
+    (Before: any array counted as the command's description, the session
+    took the lock with SET NX and could not release it.)"""
+    world.reset()
+    conn = world.session(("SET redis_lock.scripting = off",))
+    try:
+        lie = array(array(bulk("get"), integer(2)), array(bulk("set"), integer(-3)))
+        rule, = world.proxy.arm(Rule(lie, 1, cmds={b"COMMAND"}))
+        result, code, seconds = run(conn, "SELECT redis_lock_try_acquire('h', ttl => '60s')")
+        world.proxy.disarm()
+        assert rule.hits == 1
+        assert code == "0A000", (result, code)
+        assert not world.rc.exists("h")
+    finally:
+        conn.close()
+    world.assert_alive("command info of other commands")
+
+
 # ----------------------------------------------------------------------
 # The worker
 # ----------------------------------------------------------------------

@@ -177,10 +177,21 @@ rl_note_commands(RLConn *conn, RLReply *r)
 	{
 		int			i;
 
-		/* a command's description, or nil (empty, older servers): unknown */
+		/*
+		 * A command's description, which starts with its name, or nil
+		 * (empty, older servers): unknown.  A description of another name
+		 * is no answer about this one.
+		 */
 		for (i = 0; i < probe_n; i++)
-			if (rl_reply_fits(r->element[i], "[? ?*]"))
+		{
+			RLReply    *d = r->element[i];
+
+			if (rl_reply_fits(d, "[s ?*]") &&
+				d->element[0]->len == strlen(probe_names[i]) &&
+				pg_strncasecmp(d->element[0]->str, probe_names[i],
+							   d->element[0]->len) == 0)
 				known |= 1 << i;
+		}
 	}
 	if (refusal != NULL)
 	{
