@@ -28,7 +28,7 @@ OBJS = \
 	src/wait/waiters.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchjobs.o \
 	src/worker/watchevents.o \
-	src/redis/lockop.o src/redis/protocol.o src/redis/scripts.o \
+	src/redis/lockop.o src/redis/manyop.o src/redis/protocol.o src/redis/scripts.o \
 	src/redis/lockscripts.o src/redis/semscripts.o \
 	src/redis/scriptfree.o src/redis/replies.o \
 	src/net/topology.o src/net/transport.o src/net/handshake.o \

@@ -32,6 +32,9 @@
 /* What every fence counter's name has after the key prefix */
 #define RL_FENCE_MARKER "redis_lock:fence:"
 
+/* lockop.c: WAIT numreplicas behind an acquire (manyop.c too) */
+extern void rl_add_wait_call(RLCall *call, RLConn *conn, RLTarget *target);
+
 /* protocol.c: names, tokens and arguments every form uses */
 extern void rl_hex_encode(const uint8 *in, int n, char *out);
 extern char *rl_ms_text(int64 ms);
