@@ -380,6 +380,7 @@ rl_lock_ops_route(RLLockOp *ops, int nops)
 	RLCall	   *why[RL_MAX_NODES];
 	int			i;
 
+	rl_wait_site = __func__;
 	for (i = 0; i < nops; i++)
 	{
 		ops[i].routed = false;

@@ -87,6 +87,7 @@ rl_many_op_route(RLManyOp *op)
 {
 	RLConn	   *conns[RL_MAX_NODES];
 
+	rl_wait_site = __func__;
 	(void) route_many(op, RL_RUN_HARD, conns, NULL);
 }
 
