@@ -252,6 +252,39 @@ def sentinel_env():
         r.stop()
 
 
+def test_an_acquire_that_cannot_be_routed_leaves_the_worker_nothing():
+    """A Sentinel that knows no master of the name set: the acquire fails
+    before anything is sent, so it is no doubt for the watchdog worker to
+    release.  (Before: the abort handed it over, and the worker tried to
+    release it, failing, until its lease's horizon.)  The worker's first
+    renewal of a lock taken after proves it has run since."""
+    master = testbed.Redis().start()
+    sentinel = testbed.Sentinel(master.port).start()
+    pg = fresh_pg(**{"redis_lock.url": master.url, "redis_lock.lease_time": "900ms"})
+    s = Session(pg)
+    try:
+        s.run("SET redis_lock.sentinels = %s", (sentinel.url,))
+        s.run("SET redis_lock.sentinel_master = 'no-such-master'")
+        for q in ("SELECT redis_lock_try_acquire('unrouted', ttl => '60s')",
+                  "SELECT redis_lock_acquire_many(ARRAY['unrouted', 'u2'], ttl => '60s')"):
+            with pytest.raises(psycopg2.Error) as ei:
+                s.run(q)
+            assert ei.value.pgcode == "08001", ei.value
+        s.run("RESET redis_lock.sentinels")
+        s.run("RESET redis_lock.sentinel_master")
+        assert s.run("SELECT redis_lock_acquire('routed') > 0")
+        testbed.wait_until(lambda: s.run("SELECT last_renewed_at > acquired_at FROM "
+                                         "redis_lock_all_locks() WHERE lock_name = 'routed'"),
+                           10, 0.01, what="the worker's first renewal")
+        assert "could not renew or release" not in pg.log_text()
+        assert s.run("SELECT redis_lock_release('routed')") is True
+    finally:
+        s.close()
+        pg.cleanup()
+        sentinel.stop()
+        master.stop()
+
+
 def test_sentinel_failover_moves_the_next_acquire_to_the_promoted_replica(sentinel_env):
     master, replica, sentinels, pg = sentinel_env
     a = Session(pg)
