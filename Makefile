@@ -25,7 +25,7 @@ OBJS = \
 	src/lock/lockrelease.o src/lock/lockxact.o src/lock/lockdoubts.o \
 	src/lock/locklost.o src/lock/lockstate.o \
 	src/wait/waitqueue.o src/wait/deadlock.o src/wait/deadlock_graph.o \
-	src/wait/waiters.o \
+	src/wait/waiters.o src/wait/waitend.o \
 	src/worker/registry.o src/worker/watchdog.o src/worker/watchjobs.o \
 	src/worker/watchevents.o \
 	src/redis/lockop.o src/redis/manyop.o src/redis/protocol.o src/redis/scripts.o \

@@ -200,7 +200,7 @@ publish(void)
 	dsm_segment *old_seg;
 	int			i;
 
-	rl_wait_register_end();
+	rl_wait_end_with(rl_deadlock_wait_end);
 	if (wait_nkeys > mine_keys_cap)
 	{
 		int			cap = Max(wait_nkeys, 2 * mine_keys_cap);

@@ -18,6 +18,7 @@
 
 #include "wait/wait.h"
 #include "storage/dsm.h"
+#include "storage/lwlock.h"
 #include "utils/hsearch.h"
 
 /*
@@ -154,8 +155,9 @@ extern bool rl_dl_search(Check *c);
 extern bool rl_dl_confirm_cycle(Check *c);
 extern void rl_dl_describe_cycle(Check *c, char **client_out, char **log_out);
 
-/* waiters.c: what both publications of a wait share */
+/* waitend.c: what both publications of a wait share */
+typedef void (*RLWaitEnd) (void);
 extern int	rl_wait_my_procno(void);
-extern void rl_wait_register_end(void);
+extern void rl_wait_end_with(RLWaitEnd end);
 
 #endif							/* RL_WAIT_INT_H */

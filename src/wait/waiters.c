@@ -33,11 +33,8 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
-#include "storage/ipc.h"
-#include "storage/proc.h"
 #include "utils/timestamp.h"
 
 #include "wait/wait_int.h"
@@ -118,72 +115,6 @@ slot_of_mine(void)
  * Writing this backend's record
  * ----------------------------------------------------------------
  */
-/*
- * This backend's number among the processes that have a PGPROC (what
- * indexes a record of the waiters and of the deadlock check), or -1 when it
- * has none.
- */
-int
-rl_wait_my_procno(void)
-{
-	if (MyProc == NULL)
-		return -1;
-#if PG_VERSION_NUM >= 170000
-	return MyProcNumber;
-#else
-	return MyProc->pgprocno;
-#endif
-}
-
-/*
- * Whatever ends a wait ends both of its publications, the record the
- * waiters' view reads and the deadlock check's: at the end of the
- * transaction or subtransaction it ran in, or at exit.  Both ends do
- * nothing when nothing is published.
- */
-static void
-end_wait(void)
-{
-	rl_waiters_end();
-	rl_deadlock_wait_end();
-}
-
-static void
-redis_lock_wait_xact_callback(XactEvent event, void *arg)
-{
-	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
-		event == XACT_EVENT_COMMIT)
-		end_wait();
-}
-
-static void
-redis_lock_wait_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-								 SubTransactionId parentSubid, void *arg)
-{
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-		end_wait();
-}
-
-static void
-redis_lock_wait_before_shmem_exit(int code, Datum arg)
-{
-	end_wait();
-}
-
-/* Register the callbacks that end a wait, once per backend */
-void
-rl_wait_register_end(void)
-{
-	static bool registered = false;
-
-	if (registered)
-		return;
-	RegisterXactCallback(redis_lock_wait_xact_callback, NULL);
-	RegisterSubXactCallback(redis_lock_wait_subxact_callback, NULL);
-	before_shmem_exit(redis_lock_wait_before_shmem_exit, (Datum) 0);
-	registered = true;
-}
-
 /* Append s to the text at *used; false (nothing written) when it is full */
 static bool
 put_text(RLWaiterSlot *w, int *used, const char *s, uint16 *off)
@@ -251,7 +182,7 @@ rl_waiters_begin(const RLWaitKey *keys, const char *const *names,
 	rl_waiters_end();
 	if (slot == NULL || nkeys <= 0)
 		return;
-	rl_wait_register_end();
+	rl_wait_end_with(rl_waiters_end);
 	w = palloc(sizeof(RLWaiterSlot));
 	fill_record(w, keys, names, owners, nkeys);
 
