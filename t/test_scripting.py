@@ -38,7 +38,7 @@ import pytest
 import redis
 from redis.lock import Lock
 
-from conftest import Session, wait_for_wait_event
+from conftest import Session, wait_for_queue_lead, wait_for_wait_event
 from test_hostile import FakeRedis, OK, array, bulk, integer
 import testbed
 from testbed import TIME_SCALE as S
@@ -935,6 +935,69 @@ def refused_everywhere(r):
     finally:
         a.close()
         pg.cleanup()
+
+
+def test_a_refused_acquire_behind_local_waiters_leaves_nothing():
+    """A script-free acquire that would queue behind another session
+    waiting for the same lock is refused (0A000) at once, before it queues,
+    and leaves the worker nothing to release.  (Before: it queued as a
+    doubt, was refused at its turn, and the worker tried to release it.)"""
+    r = testbed.Redis().start()
+    pg = no_lua_pg(**{"redis_lock.url": r.url, "redis_lock.password": "",
+                      "redis_lock.scripting": "on"})
+    rc = r.client()
+    head, late = Session(pg), Session(pg)
+    try:
+        rc.set("q", "someone-else", px=30000)
+        head.start("SELECT redis_lock_acquire('q', wait => '20s', ttl => '30s') > 0")
+        wait_for_queue_lead(rc, head)
+        late.run("SET redis_lock.scripting = off")
+        t0 = time.monotonic()
+        with pytest.raises(psycopg2.errors.FeatureNotSupported):
+            late.run("SELECT redis_lock_acquire('q', wait => '10s', ttl => '30s')")
+        assert time.monotonic() - t0 < 5
+        rc.delete("q")
+        head.join(20)
+        assert head.error is None and head.result is True
+        late.run("SET redis_lock.scripting = on")
+        late.run("SET redis_lock.lease_time = '900ms'")
+        assert late.run("SELECT redis_lock_acquire('scripted') > 0")
+        testbed.wait_until(lambda: late.run("SELECT last_renewed_at IS NOT NULL FROM "
+                                            "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
+                           10, 0.01, what="the worker's first renewal")
+        assert "could not renew or release" not in pg.log_text()
+    finally:
+        head.close()
+        late.close()
+        pg.cleanup()
+        r.stop()
+
+
+def test_a_wrong_password_is_said_so_without_scripts():
+    """scripting = off: the question of what the server offers is the first
+    thing a new connection sends; a wrong password fails it with 28P01 and
+    its hint, as with scripts, not as an unanswered question (08006), and
+    leaves nothing for the worker."""
+    r = testbed.Redis(password="right-pw").start()
+    pg = no_lua_pg(**{"redis_lock.url": r.url, "redis_lock.password": "wrong-pw"})
+    a = Session(pg)
+    try:
+        with pytest.raises(psycopg2.Error) as ei:
+            a.run("SELECT redis_lock_try_acquire('pw', ttl => '60s')")
+        assert ei.value.pgcode == "28P01", str(ei.value)
+        a.run("SET redis_lock.password = 'right-pw'")
+        a.run("SET redis_lock.scripting = on")
+        a.run("SET redis_lock.lease_time = '900ms'")
+        assert a.run("SELECT redis_lock_acquire('scripted') > 0")
+        testbed.wait_until(lambda: a.run("SELECT last_renewed_at IS NOT NULL FROM "
+                                         "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
+                           10, 0.01, what="the worker's first renewal")
+        assert a.run("SELECT redis_lock_release('scripted')") is True
+        assert "could not renew or release" not in pg.log_text()
+    finally:
+        a.close()
+        pg.cleanup()
+        r.stop()
 
 
 def test_a_server_replaced_by_an_older_one_is_asked_again():

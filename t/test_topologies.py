@@ -285,6 +285,40 @@ def test_an_acquire_that_cannot_be_routed_leaves_the_worker_nothing():
         master.stop()
 
 
+def test_without_preloading_an_unrouted_acquire_is_forgotten():
+    """The same refusal without the worker: the entry never tried is
+    dropped at the session's next call, not settled through the Sentinel at
+    every call for the rest of the session (a release that could never be
+    routed, so never done).  A proxy in front of the Sentinel counts what
+    the session sends it."""
+    master = testbed.Redis().start()
+    sentinel = testbed.Sentinel(master.port).start()
+    proxy = testbed.DelayProxy(sentinel.port, 0.0).start()
+    pg = testbed.Postgres(preload=False,
+                          conf={"redis_lock.url": master.url}).init().start().with_extension()
+    s = Session(pg)
+    try:
+        s.run("SET redis_lock.sentinels = %s", ("redis://127.0.0.1:%d" % proxy.port,))
+        s.run("SET redis_lock.sentinel_master = 'no-such-master'")
+        with pytest.raises(psycopg2.Error) as ei:
+            s.run("SELECT redis_lock_try_acquire('unrouted', ttl => '60s')")
+        assert ei.value.pgcode == "08001", ei.value
+        s.run("RESET redis_lock.sentinels")
+        s.run("RESET redis_lock.sentinel_master")
+        before = proxy.chunks_in
+        assert before > 0
+        for _ in range(3):
+            assert s.run("SELECT redis_lock_acquire('routed', ttl => '30s') > 0")
+            assert s.run("SELECT redis_lock_release('routed')") is True
+        assert proxy.chunks_in == before
+    finally:
+        s.close()
+        pg.cleanup()
+        proxy.stop()
+        sentinel.stop()
+        master.stop()
+
+
 def test_sentinel_failover_moves_the_next_acquire_to_the_promoted_replica(sentinel_env):
     master, replica, sentinels, pg = sentinel_env
     a = Session(pg)

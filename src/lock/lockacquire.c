@@ -738,6 +738,7 @@ rl_acquire(RLLockMode mode, const char *name, int64 ttl_ms, int64 wait_ms,
 	if ((!doubt || reclaimed) && behind_local_waiters(e, wait_ms))
 	{
 		rl_lt_op_init(&op, RL_OP_ACQUIRE, e, lease_ms);
+		rl_lock_ops_route(&op, 1);
 		e->expires_at = rl_lt_doubt_horizon(lease_ms);
 		outcome = ACQ_BUSY;
 	}

@@ -349,8 +349,8 @@ rl_lt_reclaim_releasing(RLHeld *e)
 
 /*
  * Settle doubts here (without preloading, or those without a registry
- * slot): forget those whose lease has surely run out, send an idempotent
- * compare-and-delete for the rest.  Cancel interrupts it like any call: the
+ * slot): forget those never tried and those whose lease has surely run
+ * out, send an idempotent compare-and-delete for the rest.  Cancel interrupts it like any call: the
  * doubts stay as they were.
  */
 static void
@@ -373,7 +373,8 @@ settle_doubts(void)
 	{
 		if (RL_HOLDS(e) != 0 || RL_HANDED(e) || RL_RELEASING(e))
 			continue;
-		if (e->expires_at != 0 && now > e->expires_at)
+		/* never tried (0), or its lease surely ran out: nothing to delete */
+		if (e->expires_at == 0 || now > e->expires_at)
 			rl_lt_entry_remove(e);
 		else if (n < cap)
 			ents[n++] = e;

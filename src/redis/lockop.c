@@ -369,9 +369,10 @@ route_op(RLLockOp *op, RLRunMode mode, RLConn **conns, RLCall **why,
  * anything (route_op), for a caller that counts an op as a doubt from when
  * it may be sent: an error here leaves nothing to doubt.  What is learnt
  * (connections, topology, what servers offer) stays with the connections,
- * so the run that follows pays no round trip for it again; and that run
- * does not ask again where a server did not answer here, so it cannot
- * raise what this did not (it fails the op, unsent, instead).
+ * so the run that follows pays no round trip for it again, nor asks again:
+ * it cannot raise what this did not.  A server that did not answer the
+ * question raises its own failure here when it alone decides the op; among
+ * independent masters the run asks it again, and counts it as failed.
  */
 void
 rl_lock_ops_route(RLLockOp *ops, int nops)
@@ -383,9 +384,25 @@ rl_lock_ops_route(RLLockOp *ops, int nops)
 	rl_wait_site = __func__;
 	for (i = 0; i < nops; i++)
 	{
-		ops[i].routed = false;
-		(void) route_op(&ops[i], RL_RUN_HARD, conns, why, NULL);
-		ops[i].routed = true;
+		RLLockOp   *op = &ops[i];
+		int			n;
+		int			j;
+
+		op->routed = false;
+		n = route_op(op, RL_RUN_HARD, conns, why, NULL);
+		op->routed = true;
+		if (!op->names->script_free)
+			continue;
+		for (j = 0; j < n; j++)
+		{
+			if (why[j] == NULL)
+				continue;
+			/* a server that did not answer: its failure, where it decides */
+			if (n == 1)
+				rl_raise_call_error(why[j]);
+			/* among independent masters the run asks it again */
+			op->routed = false;
+		}
 	}
 }
 

@@ -1,10 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * wait_int.h
- *	  What the files of the deadlock check share (deadlock.c, which owns
- *	  this backend's wait and its record, and deadlock_graph.c, the
- *	  wait-for graph), and no other subsystem sees (the public header is
- *	  wait/wait.h).
+ *	  What the files of wait/ share, and no other subsystem sees (the
+ *	  public header is wait/wait.h): the deadlock check's (deadlock.c,
+ *	  which owns this backend's wait and its record, and deadlock_graph.c,
+ *	  the wait-for graph), and the end of a wait's publications that
+ *	  waiters.c and deadlock.c register with waitend.c.
  *
  * Copyright (c) 2026, redis_lock developers
  *

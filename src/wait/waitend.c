@@ -49,7 +49,11 @@ rl_wait_my_procno(void)
 #endif
 }
 
-/* Withdraw every publication; each end does nothing when none is made */
+/*
+ * Withdraw every publication, in the order they were first registered: each
+ * end is independent of the others, does nothing when its publication is
+ * not made, and never raises.
+ */
 static void
 end_wait(void)
 {

@@ -51,9 +51,12 @@
  * included), and how long a target whose subscriptions failed (refused by
  * an ACL that denies the channels, or too slow on a loaded machine) is left
  * alone before trying again: the first retry after RL_WATCH_RETRY_MIN_MS,
- * doubling up to RL_WATCH_RETRY_MAX_MS.  A round never runs into the
- * worker's next renewal or release: it gets what is left until then, and
- * is put off to a later pass when that is under RL_WATCH_SUBSCRIBE_MIN_MS.
+ * doubling up to RL_WATCH_RETRY_MAX_MS.  A round does not run into the
+ * worker's next renewal or release: it gets what is left until then (half
+ * to connect, half for the confirmations), and is put off to a later pass
+ * when that is under RL_WATCH_SUBSCRIBE_MIN_MS.  Learning a Sentinel's or
+ * Cluster's topology for a new subscriber connection is bounded by these
+ * timeouts per server asked, not by the budget as a whole.
  */
 #define RL_WATCH_SUBSCRIBE_MS	1000
 #define RL_WATCH_SUBSCRIBE_MIN_MS	20
@@ -354,8 +357,10 @@ subscribe_target(List *todo, int tidx, const RLSharedTarget *target,
 
 	rl_use_credentials(target->password[0] ? target->password : NULL,
 					   target->sentinel_password[0] ? target->sentinel_password : NULL);
-	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, budget_ms);
-	rl_command_timeout_ms = Min(rl_command_timeout_ms, budget_ms);
+	/* half of the budget to connect, the rest for the confirmations */
+	rl_connect_timeout_ms = Min(rl_connect_timeout_ms, Max(budget_ms / 2, 1));
+	rl_command_timeout_ms = Min(rl_command_timeout_ms,
+								budget_ms - rl_connect_timeout_ms);
 	foreach(lc, todo)
 	{
 		WatchedKey *w = lfirst(lc);
@@ -379,7 +384,8 @@ subscribe_target(List *todo, int tidx, const RLSharedTarget *target,
 	}
 	if (n > 0)
 	{
-		char	   *why = rl_subscribe_keyspace(subs, keys, n, budget_ms,
+		char	   *why = rl_subscribe_keyspace(subs, keys, n,
+												rl_command_timeout_ms,
 												refused);
 
 		if (problem == NULL)
