@@ -35,6 +35,7 @@
 
 #include "miscadmin.h"
 #include "port/atomics.h"
+#include "storage/shmem.h"
 #include "utils/timestamp.h"
 
 #include "wait/wait_int.h"
