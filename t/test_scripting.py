@@ -888,6 +888,20 @@ def test_cluster_slot_migration_moved_and_ask_inside_multi(valkey_cluster):
 NEEDS = "Valkey 9.0 or later"
 
 
+def assert_the_worker_had_nothing(a, pg):
+    """Take a scripted lock with a 900 ms lease and wait for the worker's
+    first renewal of it: the worker has run since, and had no release it
+    could not make (a doubt it would have tried first, and logged)."""
+    a.run("SET redis_lock.scripting = on")
+    a.run("SET redis_lock.lease_time = '900ms'")
+    assert a.run("SELECT redis_lock_acquire('scripted') > 0")
+    testbed.wait_until(lambda: a.run("SELECT last_renewed_at IS NOT NULL FROM "
+                                     "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
+                       10, 0.01, what="the worker's first renewal")
+    assert a.run("SELECT redis_lock_release('scripted')") is True
+    assert "could not renew or release" not in pg.log_text()
+
+
 def refused_everywhere(r):
     """scripting = off against r: 0A000 naming the versions, nothing left."""
     r.client().flushall()
@@ -924,14 +938,7 @@ def refused_everywhere(r):
         # to release each with the commands the server lacks, failing every
         # few ms until the lease's horizon, and watched no key meanwhile)
         a.run("SET redis_lock.protocol = 'simple'")
-        a.run("SET redis_lock.scripting = on")
-        a.run("SET redis_lock.lease_time = '900ms'")
-        assert a.run("SELECT redis_lock_acquire('scripted') > 0")
-        testbed.wait_until(lambda: a.run("SELECT last_renewed_at IS NOT NULL FROM "
-                                         "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
-                           10, 0.01, what="the worker's first renewal")
-        assert a.run("SELECT redis_lock_release('scripted')") is True
-        assert "could not renew or release" not in pg.log_text()
+        assert_the_worker_had_nothing(a, pg)
     finally:
         a.close()
         pg.cleanup()
@@ -959,13 +966,7 @@ def test_a_refused_acquire_behind_local_waiters_leaves_nothing():
         rc.delete("q")
         head.join(20)
         assert head.error is None and head.result is True
-        late.run("SET redis_lock.scripting = on")
-        late.run("SET redis_lock.lease_time = '900ms'")
-        assert late.run("SELECT redis_lock_acquire('scripted') > 0")
-        testbed.wait_until(lambda: late.run("SELECT last_renewed_at IS NOT NULL FROM "
-                                            "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
-                           10, 0.01, what="the worker's first renewal")
-        assert "could not renew or release" not in pg.log_text()
+        assert_the_worker_had_nothing(late, pg)
     finally:
         head.close()
         late.close()
@@ -986,14 +987,7 @@ def test_a_wrong_password_is_said_so_without_scripts():
             a.run("SELECT redis_lock_try_acquire('pw', ttl => '60s')")
         assert ei.value.pgcode == "28P01", str(ei.value)
         a.run("SET redis_lock.password = 'right-pw'")
-        a.run("SET redis_lock.scripting = on")
-        a.run("SET redis_lock.lease_time = '900ms'")
-        assert a.run("SELECT redis_lock_acquire('scripted') > 0")
-        testbed.wait_until(lambda: a.run("SELECT last_renewed_at IS NOT NULL FROM "
-                                         "redis_lock_all_locks() WHERE lock_name = 'scripted'"),
-                           10, 0.01, what="the worker's first renewal")
-        assert a.run("SELECT redis_lock_release('scripted')") is True
-        assert "could not renew or release" not in pg.log_text()
+        assert_the_worker_had_nothing(a, pg)
     finally:
         a.close()
         pg.cleanup()
