@@ -218,15 +218,19 @@ def penv():
     r.stop()
 
 
+@pytest.mark.parametrize("reported", [False, True], ids=["unreported", "reported"])
 @pytest.mark.parametrize("mode", ["read", "exclusive"])
-def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode):
+def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, reported):
     """Issue 43 item 3: the worker presumes a lock lost once no renewal was
     answered for a lease (watchjobs.c apply_renewal), though the renewals it
     sent ran: only their replies were held back (a proxy; in the chaos run,
     the slow lane frozen with its round in flight, failed by its deadline
     with the reply in its socket).  Redis still holds the lock, and the
     COMMIT's verify finds it ours; the presumption stayed in the registry
-    for good, and the COMMIT failed with 40001 'lost before COMMIT'."""
+    for good, and the COMMIT failed with 40001 'lost before COMMIT'.
+    reported: a call of the session between the presumption and the COMMIT
+    warns of it (as lost); the COMMIT's verify still withdraws it (before:
+    that call made the loss the entry's for good, and the COMMIT failed)."""
     r, proxy, pg, admin = penv
     rc = r.client()
     rc.flushall()
@@ -246,6 +250,10 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode):
             assert rc.pttl("pl") > 0      # its renewals ran: Redis holds it
         finally:
             proxy.held = False
+        if reported:
+            del a.conn.notices[:]
+            a.run("SELECT count(*) FROM redis_lock_held()")
+            assert [n for n in a.conn.notices if 'Redis lock "pl" was lost' in n], a.conn.notices
         del a.conn.notices[:]
         a.run("COMMIT")                 # before: 40001 'lost before COMMIT'
         assert not [n for n in a.conn.notices if "lost" in n], a.conn.notices

@@ -85,6 +85,9 @@ struct RLHeld
 								 * so a renewal may have run unanswered */
 	bool		lost;			/* Redis no longer has our token (state
 								 * LOST; kept when its holds go) */
+	bool		loss_presumed;	/* lost only as the worker presumed it (no
+								 * renewal answered for a lease): a COMMIT's
+								 * verify that finds it ours withdraws it */
 	bool		loss_unsure;	/* its release, sent again, found it gone
 								 * where its own first send may have
 								 * deleted it (RL_OP_SURELY_NO) */

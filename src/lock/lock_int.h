@@ -75,7 +75,7 @@ extern void rl_lt_hand_to_worker(RLHeld *e);
 extern void rl_lt_entry_leave_to_worker(RLHeld *e);
 extern bool rl_lt_take_back_from_worker(RLHeld *e);
 extern void rl_lt_renew_owner(RLHeld *e, bool settle);
-extern bool rl_lt_registry_says_lost(RLHeld *e);
+extern bool rl_lt_take_worker_loss(RLHeld *e);
 extern bool rl_lt_withdraw_presumed_loss(RLHeld *e, TimestampTz refreshed_at);
 extern void rl_lt_entry_remove(RLHeld *e);
 extern void rl_lt_xact_log_reset(void);
@@ -98,6 +98,7 @@ extern bool rl_lt_verify_and_refresh(RLHeld *e, int64 lease_ms);
 /* lockstate.c: an entry's state, and what follows from it */
 extern void rl_lt_set_state(RLHeld *e, RLHeldState to);
 extern void rl_lt_set_lost(RLHeld *e);
+extern void rl_lt_set_found_ours(RLHeld *e);
 
 /* lockdoubts.c: releases on their way, doubts, safe points */
 extern int	rl_lt_npending;

@@ -604,12 +604,8 @@ report_lost(void)
 	hash_seq_init(&seq, rl_lt_held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		if (RL_HOLDS(e) > 0 && !e->lost && e->registry_slot >= 0 &&
-			rl_lt_registry_says_lost(e))
-		{
-			rl_lt_set_lost(e);
+		if (RL_HOLDS(e) > 0 && rl_lt_take_worker_loss(e))
 			rl_lt_warn_lost(e);
-		}
 	}
 }
 

@@ -46,7 +46,8 @@
  *	  without preloading); unreachable: its COMMIT verify got no answer.
  *
  * LOST: as HELD, and this backend knows Redis no longer has its owner value
- *	  (lost; lost_reported_at: the call that last said so).
+ *	  (lost; lost_reported_at: the call that last said so), or the worker
+ *	  presumed so (loss_presumed: no renewal answered for a lease).
  *
  * RELEASING: no holds; a release of it was sent without waiting and its
  *	  answer is owed (a PendingRelease of its serial, lockdoubts.c);
@@ -68,6 +69,8 @@
  *	  DOUBT -> RELEASING(_HANDED)	rl_lt_release_later: its release sent
  *	  DOUBT -> FREE				rl_lt_entry_remove: settled or forgotten
  *	  HELD -> LOST				rl_lt_set_lost: found not ours
+ *	  LOST -> HELD				rl_lt_set_found_ours: a loss the worker only
+ *								presumed, refuted by Redis at COMMIT
  *	  HELD, LOST -> DOUBT		rl_lt_became_doubt: its last hold dropped
  *	  HELD, LOST -> FREE		rl_lt_entry_remove (rl_forget)
  *	  RELEASING -> DOUBT		its answer read (rl_lt_settle_pending), its
@@ -108,6 +111,7 @@ static const bool allowed[NSTATES][NSTATES] = {
 		[RL_ENTRY_FREE] = true
 	},
 	[RL_ENTRY_LOST] = {
+		[RL_ENTRY_HELD] = true,
 		[RL_ENTRY_DOUBT] = true,
 		[RL_ENTRY_FREE] = true
 	},
@@ -187,8 +191,8 @@ rl_lt_set_state(RLHeld *e, RLHeldState to)
 	count_state(to, 1);
 	if (from == RL_ENTRY_HANDED)
 		e->release_handed = false;
-	if (from == RL_ENTRY_DOUBT && to == RL_ENTRY_HELD)
-		e->lost = false;
+	if (to == RL_ENTRY_HELD)
+		e->lost = e->loss_presumed = false;
 	if (to == RL_ENTRY_LOST)
 		e->lost = true;
 	e->state = to;
@@ -208,4 +212,15 @@ rl_lt_set_lost(RLHeld *e)
 		rl_lt_set_state(e, RL_ENTRY_LOST);
 	else
 		e->lost = true;
+}
+
+/*
+ * A loss the worker only presumed (loss_presumed), refuted: Redis answered
+ * a round trip that found e's owner value there.  Held again.
+ */
+void
+rl_lt_set_found_ours(RLHeld *e)
+{
+	Assert(e->state == RL_ENTRY_LOST && e->loss_presumed);
+	rl_lt_set_state(e, RL_ENTRY_HELD);
 }

@@ -369,10 +369,24 @@ rl_lt_renew_owner(RLHeld *e, bool settle)
 	e->late_grant = false;
 }
 
+/*
+ * The worker found e lost since the session last looked: e is lost here
+ * too, presumed lost when the worker only presumed it (no renewal answered
+ * for a lease).  Returns whether that was found now.
+ */
 bool
-rl_lt_registry_says_lost(RLHeld *e)
+rl_lt_take_worker_loss(RLHeld *e)
 {
-	return rl_registry_lost(e->registry_slot);
+	uint8		cause;
+	TimestampTz lost_at;
+	TimestampTz cancelled_at;
+
+	if (e->registry_slot < 0 || e->lost ||
+		!rl_registry_loss(e->registry_slot, &cause, &lost_at, &cancelled_at))
+		return false;
+	rl_lt_set_lost(e);
+	e->loss_presumed = cause == RL_LOST_UNREACHABLE;
+	return true;
 }
 
 /*
@@ -589,8 +603,7 @@ rl_held_snapshot(RLHeld **out)
 	{
 		if (RL_HOLDS(e) == 0)
 			continue;
-		if (e->registry_slot >= 0 && !e->lost && rl_lt_registry_says_lost(e))
-			rl_lt_set_lost(e);
+		(void) rl_lt_take_worker_loss(e);
 		(*out)[n++] = *e;
 	}
 	return n;
@@ -725,6 +738,7 @@ rl_lt_mark_lost(RLHeld *e)
 	if (!e->lost)
 		rl_stats_add(RL_STAT_LOST, 1);
 	rl_lt_set_lost(e);
+	e->loss_presumed = false;	/* found so by this session */
 	rl_lt_registry_sync(e, false);
 }
 

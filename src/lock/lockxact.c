@@ -63,10 +63,10 @@ any_xact_holds(void)
  * Before COMMIT: check with Redis, in one round trip per node however many
  * locks, that every transaction-scoped lock is still ours (and restart its
  * lease).  A lost one fails the COMMIT: the transaction rolls back.  A loss
- * the worker only presumed since the session last looked (no renewal
- * answered for a lease) stands unless Redis now finds the lock ours: then
- * its renewals ran and only their answers were missed, and it is withdrawn
- * (issue 43).
+ * the worker only presumed (no renewal answered for a lease), whether or not
+ * a call of the session has reported it since, stands unless Redis now
+ * finds the lock ours: then its renewals ran and only their answers were
+ * missed, and it is withdrawn (issue 43).
  */
 static void
 verify_xact_locks(void)
@@ -100,8 +100,8 @@ verify_xact_locks(void)
 	for (i = 0; i < n; i++)
 	{
 		e = ents[i];
-		presumed[i] = e->registry_slot >= 0 && !e->lost &&
-			rl_lt_registry_says_lost(e);
+		(void) rl_lt_take_worker_loss(e);
+		presumed[i] = e->lost && e->loss_presumed;
 		rl_lt_op_init(&ops[i], RL_OP_EXTEND, e, e->lease_ms);
 	}
 	sent = GetCurrentTimestamp();
@@ -110,9 +110,9 @@ verify_xact_locks(void)
 	{
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
 			ents[i]->unreachable = true;
-		if (presumed[i] &&
-			!(RL_OP_YES(&ops[i]) && rl_lt_withdraw_presumed_loss(ents[i], sent)))
-			rl_lt_set_lost(ents[i]);
+		if (presumed[i] && RL_OP_YES(&ops[i]) &&
+			rl_lt_withdraw_presumed_loss(ents[i], sent))
+			rl_lt_set_found_ours(ents[i]);
 	}
 	for (i = 0; i < n; i++)
 	{

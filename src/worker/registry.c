@@ -640,16 +640,6 @@ rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
 	return true;
 }
 
-/* Has the worker found this lock lost?  Only our own slot: no lock needed */
-bool
-rl_registry_lost(int slot)
-{
-	if (rl_shared == NULL || slot < 0)
-		return false;
-	pg_read_barrier();
-	return rl_shared->slots[slot].st.lost;
-}
-
 /*
  * The worker presumed this lock lost (RL_LOST_UNREACHABLE: no renewal of its
  * was answered for a lease), and Redis has since answered a round trip sent
