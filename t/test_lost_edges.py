@@ -364,3 +364,89 @@ def test_a_release_resent_after_a_renewal_ran_unanswered_is_not_a_certain_loss(p
             for w in workers:
                 os.kill(w, signal.SIGCONT)
         a.close()
+
+
+# ================================================================ a lost lock's slot at exit
+
+@pytest.fixture
+def fullenv():
+    """A registry of 16 slots (the least redis_lock.max_locks allows) behind
+    a proxy that can slow one backend's replies; 1 s timeouts."""
+    r = testbed.Redis().start()
+    proxy = testbed.DelayProxy(r.port, 0.0).start()
+    pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
+                                "redis_lock.max_locks": "16",
+                                "redis_lock.max_locks_per_session": "16",
+                                "redis_lock.lease_time": "3s",
+                                "redis_lock.command_timeout": "1s",
+                                "redis_lock.connect_timeout": "1s"}).init().start().with_extension()
+    admin = pg.connect()
+    yield r, proxy, pg, admin
+    admin.close()
+    pg.cleanup()
+    proxy.stop()
+    r.stop()
+
+
+def test_an_exit_never_frees_a_slot_the_worker_settled_and_gave_again(fullenv):
+    """A with_lock lock lost while its query ran is released without
+    waiting, the answer owed, and its registry slot handed to the worker,
+    which releases it itself once that answer is overdue and frees the
+    slot.  The backend then exited with the answer still owed: its exit
+    freed the slot of every lost entry, handed or not, so a slot the
+    worker had freed and another session had taken since was freed a
+    second time, and two sessions then shared it (the worker renews one
+    lock of the two, and finds the other's owner value gone from that
+    key: a false loss).  With one slot left in the registry: the second
+    session takes the slot the worker freed; after the exit a third
+    session must find the registry full, as it is (before: it got the
+    same slot)."""
+    r, proxy, pg, admin = fullenv
+    rc = r.client()
+    filler = Session(pg)
+    x = Session(pg)
+    s2 = Session(pg)
+    s3 = Session(pg)
+    try:
+        filler.run("SELECT count(redis_lock_acquire('fill' || g)) FROM generate_series(1, 15) g")
+        x.run("SET redis_lock.on_lost = error")
+        x.start("SELECT redis_lock_with_lock('wx', 'SELECT pg_sleep(60)')")
+        testbed.wait_until(lambda: rc.exists("wx") and testbed.sql_one(
+            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+            (x.pid,)), 10, 0.01, what="the wrapped query running")
+        # the 16th slot is x's: the registry is full
+        with pytest.raises(psycopg2.Error) as ei:
+            s2.run("SELECT redis_lock_acquire('a')")
+        assert ei.value.pgcode == "53400", ei.value
+        # x's release after the loss goes unanswered: its replies are slowed
+        proxy.slow_replies = (":%d" % x.pid, 120.0)
+        rc.delete("wx")
+        assert rc.set("wx", "service-token", nx=True, px=60000)
+        x.join(15)
+        assert x.error is not None and x.error.pgcode == "40001", x.error
+
+        # the worker releases x's lost lock once the answer is overdue and
+        # frees its slot: s2 then gets it
+        def s2_gets_a_slot():
+            try:
+                return s2.run("SELECT redis_lock_acquire('a') > 0")
+            except psycopg2.Error as e:
+                assert e.pgcode == "53400", e
+                return False
+        testbed.wait_until(s2_gets_a_slot, 15, 0.05, what="the worker to free x's slot")
+        # x exits, its release's answer still owed
+        x_pid = x.pid
+        x.close()
+        testbed.wait_until(lambda: not testbed.sql_one(
+            admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (x_pid,)),
+            15, 0.01, what="x to exit")
+        with pytest.raises(psycopg2.Error) as ei:
+            s3.run("SELECT redis_lock_acquire('b')")   # before: granted
+        assert ei.value.pgcode == "53400", ei.value
+        assert rc.get("wx") == b"service-token"
+        locks = testbed.sql_one(admin, "SELECT count(*) FROM redis_lock_locks")
+        assert locks == 16, locks
+    finally:
+        proxy.slow_replies = None
+        for s in (s3, s2, x, filler):
+            s.close()

@@ -407,9 +407,12 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 	hash_seq_init(&seq, rl_lt_held);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
+		/* a handed one is the worker's, lost or not: its slot too */
+		if (RL_HANDED(e) || e->registry_slot < 0)
+			continue;
 		if (e->lost)
 			rl_lt_registry_drop(e);
-		else if (!RL_HANDED(e) && e->registry_slot >= 0)
+		else
 			rl_lt_hand_to_worker(e);
 	}
 	rl_close_all();

@@ -14,9 +14,10 @@
  *
  *	  All of it exists only with shared_preload_libraries = 'redis_lock';
  *	  otherwise every function here is a cheap no-op.  Backends write only
- *	  their own slots; the worker (watchjobs.c) only marks slots renewed or
- *	  lost and frees orphans, always checking the slot's generation so a
- *	  result never lands on a reused slot.
+ *	  their own slots, which every write checks (slot_is_mine); the worker
+ *	  (watchjobs.c) only marks slots renewed or lost and frees orphans,
+ *	  always checking the slot's generation so a result never lands on a
+ *	  reused slot.
  *
  *	  Must not: talk to Redis, touch a backend's local lock table, or call
  *	  into the worker (it only sets the worker's latch).
@@ -397,6 +398,24 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 }
 
 /*
+ * Is slot s this backend's to write: taken by it (reserved or held), not
+ * free, handed to the worker, or another backend's since?  A backend writes
+ * only the slots it took and has not handed off (the entry's registry_slot
+ * is -1 otherwise), so a slot that is not is a can't-happen: asserted, and
+ * in a build without assertions left untouched rather than written over.
+ * Caller holds the registry lock.
+ */
+static bool
+slot_is_mine(const RLSlot *s)
+{
+	bool		mine = s->st.pid == MyProcPid &&
+		(s->state == SLOT_RESERVED || s->state == SLOT_HELD);
+
+	Assert(mine);
+	return mine;
+}
+
+/*
  * Copy a lock's state (holds, fence, lease, watchdog, lost, acquired_at) and
  * owner to its slot.  refreshed_at, unless 0: the backend just restarted
  * the lease in Redis itself, with a round trip sent then, so renewal
@@ -415,6 +434,11 @@ rl_registry_update(int slot, const RLLockState *st, const char *owner,
 		return;
 	s = &rl_shared->slots[slot];
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	if (!slot_is_mine(s))
+	{
+		LWLockRelease(rl_shared->lock);
+		return;
+	}
 	if (s->state == SLOT_RESERVED && holds > 0)
 		s->st.acquired_at = st->acquired_at;
 	/* a renewal or loss the worker found for the old holds lands nowhere */
@@ -463,7 +487,8 @@ rl_registry_remove(int slot)
 	if (rl_shared == NULL || slot < 0)
 		return;
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	rl_slot_free(slot);
+	if (slot_is_mine(&rl_shared->slots[slot]))
+		rl_slot_free(slot);
 	LWLockRelease(rl_shared->lock);
 }
 
@@ -490,6 +515,13 @@ rl_registry_hand_off(int slot, TimestampTz horizon, bool late_grant,
 		return 0;
 	s = &rl_shared->slots[slot];
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
+	if (!slot_is_mine(s))
+	{
+		/* a generation no reclaim can match: the slot stays as it is */
+		generation = s->generation - 1;
+		LWLockRelease(rl_shared->lock);
+		return generation;
+	}
 	s->generation++;			/* a renewal under way lands nowhere */
 	s->state = SLOT_ORPHAN;
 	s->st.watchdog = false;
@@ -631,7 +663,8 @@ rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
 	if (rl_shared == NULL || slot < 0)
 		return false;
 	s = &rl_shared->slots[slot];
-	if (!s->st.lost)
+	Assert(s->st.pid == MyProcPid);
+	if (s->st.pid != MyProcPid || !s->st.lost)
 		return false;
 	pg_read_barrier();			/* what the worker wrote before lost */
 	*cause = s->st.lost_cause;
@@ -659,7 +692,7 @@ rl_registry_withdraw_presumed_loss(int slot, TimestampTz refreshed_at)
 		return false;
 	s = &rl_shared->slots[slot];
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	withdrawn = s->state == SLOT_HELD && s->st.lost &&
+	withdrawn = slot_is_mine(s) && s->state == SLOT_HELD && s->st.lost &&
 		s->st.lost_cause == RL_LOST_UNREACHABLE;
 	if (withdrawn)
 	{
