@@ -46,63 +46,18 @@ D = 0.1             # each way: a round trip is 200 ms, far longer than a
 
 
 class CountingProxy(testbed.DelayProxy):
-    """testbed.DelayProxy that records every chunk it passes: direction
-    ("c" from the backend, "s" from Redis), its connection's tag (name from
-    CLIENT SETNAME, "" when it cannot be read, as over TLS), when it came in
-    and when it went out.  Several proxies may share one record (Redlock)."""
+    """testbed.DelayProxy that records every chunk it passes (its record:
+    direction, "c" from the backend, "s" from Redis; its connection's tag,
+    whose name is the one from CLIENT SETNAME, "" when it cannot be read, as
+    over TLS; when it came in and when it went out).  Several proxies may
+    share one record (Redlock).  A backend that exits resets its
+    connections: what it sent before is on the network still, and reaches
+    Redis."""
 
     def __init__(self, target_port, delay_s, record=None):
         super().__init__(target_port, delay_s)
         self.record = record if record is not None else []
-
-    async def _pipe(self, reader, writer, replies=False, conn=None):
-        loop = self.asyncio.get_running_loop()
-        queue = self.asyncio.Queue()
-        tag = conn[3]
-
-        async def deliver():
-            while True:
-                due, came, data = await queue.get()
-                if data is None:
-                    return
-                wait = due - loop.time()
-                if wait > 0:
-                    await self.asyncio.sleep(wait)
-                if conn[2]:
-                    return
-                # the time before the write: the peer may act on the chunk
-                # before this thread runs again
-                went = time.monotonic()
-                writer.write(data)
-                self.record.append(("s" if replies else "c", tag, came, went))
-                tag["flight"] -= 1
-                await writer.drain()
-        sender = loop.create_task(deliver())
-        try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                came = time.monotonic()
-                tag["flight"] = tag.get("flight", 0) + 1
-                if not replies and tag["name"] is None:
-                    m = re.search(rb"SETNAME\r\n\$\d+\r\n([^\r]*)", data)
-                    tag["name"] = m.group(1).decode() if m else ""
-                queue.put_nowait((loop.time() + self.delay, came, data))
-            queue.put_nowait((0, 0, None))
-            await sender
-        except (ConnectionError, OSError):
-            # a backend that exits resets its connections: what it sent
-            # before is on the network still, and reaches Redis
-            if not replies:
-                queue.put_nowait((0, 0, None))
-                try:
-                    await sender
-                except (ConnectionError, OSError):
-                    pass
-        finally:
-            sender.cancel()
-            writer.close()
+        self.deliver_after_reset = True
 
 
 def of_backends(pids, unnamed=False):

@@ -426,6 +426,8 @@ class Postgres:
     def cleanup(self):
         self.stop("immediate")
         save_traps(self.log)
+        if os.environ.get("RL_KEEP_LOGS"):
+            shutil.copy(self.log, os.path.join(os.environ["RL_KEEP_LOGS"], os.path.basename(self.base) + ".log"))
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -518,7 +520,12 @@ class DelayProxy:
     or the reply may not have been written yet and dies with the server.
     slow_replies = (suffix, seconds) adds seconds to the replies of the
     connections whose name ends with suffix, once they have named
-    themselves; names_seen(suffix) counts such connections so far."""
+    themselves; names_seen(suffix) counts such connections so far.
+    record, when a list, gets one (way, tag, came, went) per chunk passed
+    on: way "c" from the client, "s" from Redis; tag the connection's dict
+    (its "name", and "flight": its chunks read and not passed on yet);
+    time.monotonic() when it came in and when it went out
+    (t/test_round_trips.py counts round trips from it)."""
 
     def __init__(self, target_port, delay_s):
         import asyncio
@@ -533,6 +540,7 @@ class DelayProxy:
         self.deliver_after_reset = False
         self.slow_replies = None
         self.named = []             # every connection's name, in order
+        self.record = None
         # [client writer, server writer, reset?, {"name", "undelivered"}]
         self.conns = []
         self.port = free_port()
@@ -549,7 +557,7 @@ class DelayProxy:
 
         async def deliver():
             while True:
-                due, data = await queue.get()
+                due, came, data = await queue.get()
                 if data is None:
                     return
                 wait = due - loop.time()
@@ -559,9 +567,16 @@ class DelayProxy:
                     await self.asyncio.sleep(0.002)
                 if conn is not None and conn[2]:
                     return          # reset: what was held is dropped
+                # the time before the write: the peer may act on the chunk
+                # before this thread runs again
+                went = time.monotonic()
                 writer.write(data)
                 if replies and conn is not None:
                     conn[3]["undelivered"] -= 1
+                if self.record is not None and conn is not None:
+                    self.record.append(("s" if replies else "c", conn[3], came, went))
+                if conn is not None:
+                    conn[3]["flight"] -= 1
                 await writer.drain()
         sender = loop.create_task(deliver())
         try:
@@ -569,6 +584,9 @@ class DelayProxy:
                 data = await reader.read(65536)
                 if not data:
                     break
+                came = time.monotonic()
+                if conn is not None:
+                    conn[3]["flight"] += 1
                 if not replies:
                     self.chunks_in += 1
                     self.last_chunk_at = time.monotonic()
@@ -583,12 +601,12 @@ class DelayProxy:
                 if (replies and slow is not None and conn is not None and
                         (conn[3]["name"] or "").endswith(slow[0])):
                     delay += slow[1]
-                queue.put_nowait((loop.time() + delay, data))
-            queue.put_nowait((0, None))
+                queue.put_nowait((loop.time() + delay, came, data))
+            queue.put_nowait((0, 0, None))
             await sender
         except (ConnectionError, OSError):
             if self.deliver_after_reset and not replies:
-                queue.put_nowait((0, None))
+                queue.put_nowait((0, 0, None))
                 try:
                     await sender
                 except (ConnectionError, OSError):
@@ -603,7 +621,7 @@ class DelayProxy:
         except OSError:
             cwriter.close()
             return
-        conn = [cwriter, swriter, False, {"name": None, "undelivered": 0}]
+        conn = [cwriter, swriter, False, {"name": None, "undelivered": 0, "flight": 0}]
         self.conns.append(conn)
         try:
             await self.asyncio.gather(self._pipe(creader, swriter, conn=conn),
