@@ -218,7 +218,7 @@ def penv():
     r.stop()
 
 
-@pytest.mark.parametrize("reported", [False, True], ids=["unreported", "reported"])
+@pytest.mark.parametrize("reported", [None, "held", "check", "extend"])
 @pytest.mark.parametrize("mode", ["read", "exclusive"])
 def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, reported):
     """Issue 43 item 3: the worker presumes a lock lost once no renewal was
@@ -229,9 +229,14 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, repo
     COMMIT's verify finds it ours; the presumption stayed in the registry
     for good, and the COMMIT failed with 40001 'lost before COMMIT'.
     reported: a call of the session between the presumption and the COMMIT
-    warns of it (as lost); the COMMIT's verify still withdraws it (before:
-    that call made the loss the entry's for good, and the COMMIT failed)."""
+    warns of it (redis_lock_held(): a WARNING, as lost), raises it
+    (redis_lock_check, caught in a savepoint) or asks Redis
+    (redis_lock_extend, which finds it ours and says so); the COMMIT's
+    verify still withdraws it (before: each of those calls made the loss
+    the entry's for good, and the COMMIT failed)."""
     r, proxy, pg, admin = penv
+    if reported == "extend" and mode == "read":
+        pytest.skip("redis_lock_extend is for exclusive locks")
     rc = r.client()
     rc.flushall()
     a = Session(pg)
@@ -250,10 +255,19 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, repo
             assert rc.pttl("pl") > 0      # its renewals ran: Redis holds it
         finally:
             proxy.held = False
-        if reported:
-            del a.conn.notices[:]
+        del a.conn.notices[:]
+        if reported == "held":
             a.run("SELECT count(*) FROM redis_lock_held()")
             assert [n for n in a.conn.notices if 'Redis lock "pl" was lost' in n], a.conn.notices
+        elif reported == "check":
+            a.run("SAVEPOINT c")
+            with pytest.raises(psycopg2.Error) as ei:
+                a.run("SELECT redis_lock_check('pl')")
+            assert ei.value.pgcode == "40001", ei.value
+            assert "No renewal" in str(ei.value), str(ei.value)
+            a.run("ROLLBACK TO SAVEPOINT c")
+        elif reported == "extend":
+            assert a.run("SELECT redis_lock_extend('pl', NULL)") is True, a.conn.notices
         del a.conn.notices[:]
         a.run("COMMIT")                 # before: 40001 'lost before COMMIT'
         assert not [n for n in a.conn.notices if "lost" in n], a.conn.notices
@@ -450,3 +464,81 @@ def test_an_exit_never_frees_a_slot_the_worker_settled_and_gave_again(fullenv):
         proxy.slow_replies = None
         for s in (s3, s2, x, filler):
             s.close()
+
+
+# ================================================================ the worker's cancel in the COMMIT's verify
+
+@pytest.fixture
+def stop_env():
+    """Redis behind a proxy; a server whose worker stops itself before it
+    signals a holder whose lock it found lost (assert-enabled builds read
+    RL_TEST_STOP_BEFORE_SIGNAL, see t/test_security.py); a 3 s lease."""
+    r = testbed.Redis().start()
+    proxy = testbed.DelayProxy(r.port, 0.0).start()
+    old = os.environ.get("RL_SERVER_ENV")
+    os.environ["RL_SERVER_ENV"] = ((old + " ") if old else "") + "RL_TEST_STOP_BEFORE_SIGNAL=1"
+    try:
+        pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
+                                    "redis_lock.lease_time": "3s"}).init().start().with_extension()
+    finally:
+        if old is None:
+            del os.environ["RL_SERVER_ENV"]
+        else:
+            os.environ["RL_SERVER_ENV"] = old
+    admin = pg.connect()
+    yield r, proxy, pg, admin
+    for w in watchdog_pids(pg.postmaster_pid()):
+        os.kill(w, signal.SIGCONT)
+    admin.close()
+    pg.cleanup()
+    proxy.stop()
+    r.stop()
+
+
+def process_stopped(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_the_workers_cancel_during_the_commits_verify_is_the_loss(stop_env):
+    """Review of issue 43 item 3's change: the worker has found the lock
+    lost and is about to signal its holder (on_lost = error) when the
+    holder's statement ends and its implicit COMMIT verifies; the signal
+    lands while the verify waits for Redis.  The verify had made the
+    worker's finding the entry's before its round trip, so the cancel no
+    longer matched an unreported loss and came out as 57014; it must be
+    the loss, 40001."""
+    r, proxy, pg, admin = stop_env
+    rc = r.client()
+    if testbed.sql_one(admin, "SHOW debug_assertions") != "on":
+        pytest.skip("the worker is stopped before signalling only by assert-enabled builds")
+    a = Session(pg)
+    workers = watchdog_pids(pg.postmaster_pid())
+    try:
+        a.run("SET redis_lock.on_lost = error")
+        a.start("SELECT redis_lock_acquire('cv', xact => true), pg_sleep(4)")
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+            (a.pid,)), 5, 0.005, what="the grant's reply read, the sleep begun")
+        # the session's own replies wait from now on (its COMMIT's verify's)
+        proxy.slow_replies = (":%d" % a.pid, 60.0)
+        rc.delete("cv")
+        testbed.wait_until(lambda: [w for w in workers if process_stopped(w)], 10,
+                           what="the worker to find the loss and stop before signalling")
+        assert testbed.sql_one(
+            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
+            (a.pid,)), "the sleep ended before the worker found the loss"
+        testbed.wait_until(lambda: testbed.sql_one(
+            admin, "SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = %s",
+            (a.pid,)), 10, 0.005, what="the implicit COMMIT's verify to wait for Redis")
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+        a.join(15)
+        assert a.error is not None, "the COMMIT succeeded"
+        assert a.error.pgcode == "40001", (a.error.pgcode, str(a.error))
+        assert 'Redis lock "cv" was lost' in str(a.error), str(a.error)
+    finally:
+        proxy.slow_replies = None
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+        a.close()

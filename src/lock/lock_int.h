@@ -76,7 +76,7 @@ extern void rl_lt_entry_leave_to_worker(RLHeld *e);
 extern bool rl_lt_take_back_from_worker(RLHeld *e);
 extern void rl_lt_renew_owner(RLHeld *e, bool settle);
 extern bool rl_lt_take_worker_loss(RLHeld *e);
-extern bool rl_lt_withdraw_presumed_loss(RLHeld *e, TimestampTz refreshed_at);
+extern bool rl_lt_found_ours(RLHeld *e, TimestampTz sent);
 extern void rl_lt_entry_remove(RLHeld *e);
 extern void rl_lt_xact_log_reset(void);
 extern void rl_lt_add_hold(RLHeld *e, RLScope scope);

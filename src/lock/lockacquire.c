@@ -479,15 +479,15 @@ discard_lost(RLHeld *e)
 
 /*
  * A lock the session holds, acquired again: one round trip proves we still
- * own it, and the hold is counted.  When it was lost, warns, forgets the
- * entry and returns false: the caller acquires it anew.
+ * own it (and refutes a loss the worker only presumed); the hold is counted.
+ * When lost, warns, forgets the entry and returns false: acquired anew.
  */
 static bool
 acquire_again(RLHeld *e, int64 lease_ms, RLScope scope)
 {
 	int64		refresh = e->watchdog ? e->lease_ms : lease_ms;
 
-	if (!e->lost && rl_lt_verify_and_refresh(e, refresh))
+	if ((!e->lost || e->loss_presumed) && rl_lt_verify_and_refresh(e, refresh))
 	{
 		if (!e->watchdog)
 			e->lease_ms = refresh;

@@ -106,11 +106,16 @@ unreported_loss(LossFor what, TimestampTz since, uint8 *cause,
 	return NULL;
 }
 
-/* The loss is reported now: no WARNING about it at the next call */
+/*
+ * The loss (its cause as the worker found it) is reported now: no WARNING
+ * about it at the next call.  One the worker only presumed stays one (a
+ * round trip that finds the lock ours refutes it, rl_lt_found_ours).
+ */
 static void
-mark_reported(RLHeld *e)
+mark_reported(RLHeld *e, uint8 cause)
 {
 	rl_lt_set_lost(e);
+	e->loss_presumed = cause == RL_LOST_UNREACHABLE;
 	e->lost_reported_at = rl_lt_call_seq;
 	rl_stats_add(RL_STAT_INTERRUPTED, 1);
 }
@@ -142,7 +147,7 @@ loss_for_cancel(void *arg)
 						&cause, &lost_at);
 	if (e == NULL)
 		return;
-	mark_reported(e);
+	mark_reported(e, cause);
 	ms = (long) ((GetCurrentTimestamp() - lost_at) / 1000);
 	errcode(ERRCODE_T_R_SERIALIZATION_FAILURE);
 	if (e->mode == RL_MODE_PERMIT)
@@ -250,7 +255,7 @@ rl_lost_check_statement(void)
 		seen_events = events;
 		return;
 	}
-	mark_reported(e);
+	mark_reported(e, cause);
 	raise_loss(e, cause, "while this session was idle in its transaction");
 }
 
@@ -272,18 +277,19 @@ rl_check_lock(const char *name)
 	for (i = 0; i < (int) lengthof(modes); i++)
 	{
 		RLHeld	   *e = rl_lt_entry_find(modes[i], name);
-		uint8		cause = RL_LOST_NOT_OURS;
+		uint8		cause;
 		TimestampTz lost_at;
 		TimestampTz cancelled_at;
 
 		if (e == NULL || RL_HOLDS(e) == 0)
 			continue;
+		cause = e->loss_presumed ? RL_LOST_UNREACHABLE : RL_LOST_NOT_OURS;
 		if (e->lost ||
 			(e->registry_slot >= 0 &&
 			 rl_registry_loss(e->registry_slot, &cause, &lost_at, &cancelled_at)))
 		{
 			if (!e->lost)
-				mark_reported(e);
+				mark_reported(e, cause);
 			raise_loss(e, cause, "by the watchdog or by a call of this session");
 		}
 		held = true;

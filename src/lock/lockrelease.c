@@ -310,7 +310,9 @@ rl_extend(RLLockMode mode, const char *name, int64 ttl_ms)
 		rl_lt_registry_sync(e, false);
 		rl_registry_wait_idle(e->registry_slot);
 	}
-	if (e->lost || !rl_lt_verify_and_refresh(e, lease_ms))
+	/* a loss the worker only presumed: Redis may refute it */
+	if ((e->lost && !e->loss_presumed) ||
+		!rl_lt_verify_and_refresh(e, lease_ms))
 	{
 		rl_lt_mark_lost(e);
 		rl_lt_warn_lost(e);

@@ -136,7 +136,8 @@ flags_match_state(const RLHeld *e)
 	if (s == RL_ENTRY_FREE)
 		return true;
 	return (s != RL_ENTRY_LOST || e->lost) &&
-		(s != RL_ENTRY_HELD || !e->lost);
+		(s != RL_ENTRY_HELD || !e->lost) &&
+		(!e->loss_presumed || e->lost);
 }
 
 /* The entry is what state to needs: its holds, and a slot to hand */

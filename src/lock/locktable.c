@@ -390,13 +390,26 @@ rl_lt_take_worker_loss(RLHeld *e)
 }
 
 /*
- * Redis found e ours in a round trip sent at refreshed_at: a loss the
- * worker only presumed is withdrawn (rl_registry_withdraw_presumed_loss).
+ * Redis answered a round trip sent at sent that found e's owner value
+ * there.  A loss the worker only presumed (no renewal answered for a
+ * lease), whether the entry has taken it yet or not, is refuted: withdrawn
+ * from the registry (its renewals start again from sent), and the entry is
+ * held again.  A loss found for certain stays, and becomes the entry's.
+ * Returns whether e is ours.
  */
 bool
-rl_lt_withdraw_presumed_loss(RLHeld *e, TimestampTz refreshed_at)
+rl_lt_found_ours(RLHeld *e, TimestampTz sent)
 {
-	return rl_registry_withdraw_presumed_loss(e->registry_slot, refreshed_at);
+	if (e->lost && !e->loss_presumed)
+		return false;
+	if (rl_registry_withdraw_presumed_loss(e->registry_slot, sent))
+	{
+		if (e->lost)
+			rl_lt_set_found_ours(e);
+		return true;
+	}
+	(void) rl_lt_take_worker_loss(e);
+	return !e->lost;
 }
 
 void
@@ -899,7 +912,9 @@ rl_lt_warn_for_all(int n)
 }
 
 /*
- * Verify a held lock with Redis and restart its lease; false if lost.  Its
+ * Verify a held lock with Redis and restart its lease; false if lost (a
+ * loss the worker only presumed is refuted if Redis finds it ours,
+ * rl_lt_found_ours).  Its
  * lease then runs from when this was sent (e->lease_from); while the answer
  * is not in, and if it never comes, that is not known (the caller may have
  * set a longer lease_ms already).
@@ -916,7 +931,7 @@ rl_lt_verify_and_refresh(RLHeld *e, int64 lease_ms)
 	if (RL_OP_YES(&op))
 	{
 		e->lease_from = sent;
-		return true;
+		return rl_lt_found_ours(e, sent);
 	}
 	if (!RL_OP_NO(&op))
 		rl_raise_undecided(RL_ACTION_VERIFY, e->name, &op);

@@ -75,7 +75,6 @@ verify_xact_locks(void)
 	RLHeld	   *e;
 	RLHeld	  **ents;
 	RLLockOp   *ops;
-	bool	   *presumed;
 	TimestampTz sent;
 	int			n = 0;
 	int			i;
@@ -96,23 +95,24 @@ verify_xact_locks(void)
 		return;
 	}
 	ops = palloc(sizeof(RLLockOp) * n);
-	presumed = palloc0(sizeof(bool) * n);
 	for (i = 0; i < n; i++)
-	{
-		e = ents[i];
-		(void) rl_lt_take_worker_loss(e);
-		presumed[i] = e->lost && e->loss_presumed;
-		rl_lt_op_init(&ops[i], RL_OP_EXTEND, e, e->lease_ms);
-	}
+		rl_lt_op_init(&ops[i], RL_OP_EXTEND, ents[i], ents[i]->lease_ms);
 	sent = GetCurrentTimestamp();
+
+	/*
+	 * What the worker found is made the entries' only after the round trip:
+	 * until then its cancel, should it land while we wait, is the loss
+	 * (locklost.c takes only a loss the entry has not taken yet).
+	 */
 	rl_lock_ops_run(ops, n, RL_RUN_HARD);
 	for (i = 0; i < n; i++)
 	{
 		if (!RL_OP_YES(&ops[i]) && !RL_OP_NO(&ops[i]))
 			ents[i]->unreachable = true;
-		if (presumed[i] && RL_OP_YES(&ops[i]) &&
-			rl_lt_withdraw_presumed_loss(ents[i], sent))
-			rl_lt_set_found_ours(ents[i]);
+		if (RL_OP_YES(&ops[i]))
+			(void) rl_lt_found_ours(ents[i], sent);
+		else
+			(void) rl_lt_take_worker_loss(ents[i]);
 	}
 	for (i = 0; i < n; i++)
 	{

@@ -400,10 +400,10 @@ rl_registry_add(const char *name, const RLLockNames *names, RLTarget *target,
 /*
  * Is slot s this backend's to write: taken by it (reserved or held), not
  * free, handed to the worker, or another backend's since?  A backend writes
- * only the slots it took and has not handed off (the entry's registry_slot
- * is -1 otherwise), so a slot that is not is a can't-happen: asserted, and
- * in a build without assertions left untouched rather than written over.
- * Caller holds the registry lock.
+ * only the slots it took and has not handed off (a handed entry's slot is
+ * the worker's until taken back, rl_registry_reclaim), so a slot that is not
+ * is a can't-happen: asserted, and in a build without assertions left
+ * untouched rather than written over.  Caller holds the registry lock.
  */
 static bool
 slot_is_mine(const RLSlot *s)
