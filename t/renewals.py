@@ -67,6 +67,9 @@ class RenewalWatch:
         self.samples = 0
         self.last_read_ms = None      # Redis time of the last chunk read
         self.sample_s = []            # how long each full sample took
+        self.max_chunk_ms = 0.0       # the longest round trip of one chunk's
+                                      # script: Redis runs nothing else
+                                      # meanwhile, a renewal neither
 
     def reset_stats(self):
         """Forget what was seen so far, but keep each key's last expiry."""
@@ -82,7 +85,9 @@ class RenewalWatch:
         t0 = time.monotonic()
         for lo in range(1, self.n + 1, self.chunk):
             hi = min(self.n, lo + self.chunk - 1)
+            c0 = time.monotonic()
             raw = self.c.evalsha(self.sha, 0, self.prefix, lo, hi)
+            self.max_chunk_ms = max(self.max_chunk_ms, (time.monotonic() - c0) * 1000.0)
             now = int(struct.unpack_from("<d", raw)[0])
             pttls = array.array("i")
             pttls.frombytes(raw[8:])

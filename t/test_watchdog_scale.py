@@ -59,7 +59,10 @@ def test_20000_locks_each_renewed_within_a_third_of_the_lease_but_for_cpu_wait()
         admin = conns[0]
         assert testbed.sql_one(admin, "SELECT count(*) FROM redis_lock_locks WHERE watchdog") == N
 
-        watch = renewals.RenewalWatch(r.client(), "wd-", N, LEASE_MS)
+        # chunks of 1000 keys: each chunk's script holds Redis up (a
+        # renewal sent meanwhile waits, Redis running, the worker not
+        # waiting for a CPU), for a millisecond or two at this size
+        watch = renewals.RenewalWatch(r.client(), "wd-", N, LEASE_MS, chunk=1000)
         waited = renewals.CpuWait([wpid, r.proc.pid])
         watch.sample()
         waited.mark(watch.last_read_ms)
@@ -94,14 +97,19 @@ def test_20000_locks_each_renewed_within_a_third_of_the_lease_but_for_cpu_wait()
         # load did is printed.  The worker stopped (SIGSTOP) for 1.3 s fails
         # it (1004 ms over lease/3, 23 ms of CPU waited; 2026-11-27).
         assert watch.missing == 0, "some lock expired"
-        aim = LEASE_MS / 3 + renewals.JITTER_MS
+        # the sampler's own script may have held a renewal up by as long as
+        # the longest one ran (CI29: 76 renewals 10 ms late, no CPU waited,
+        # with 5000-key chunks on a machine loaded beyond CI's own load)
+        aim = LEASE_MS / 3 + renewals.JITTER_MS + watch.max_chunk_ms
         exact_late = [(key, ms, a, b) for key, ms, a, b, exact in watch.late if exact]
         over = [(key, ms, ms - aim, waited.during(a, b))
                 for key, ms, a, b in exact_late + watch.open_late if ms > aim]
         unexplained = [o for o in over if o[2] > o[3]]
         print("later than lease/3: %d readings, the most by %.0f ms; the least CPU "
-              "wait of the worker and Redis meanwhile: %.0f ms"
-              % (len(over), max([o[2] for o in over] or [0]), min([o[3] for o in over] or [0])))
+              "wait of the worker and Redis meanwhile: %.0f ms; the longest sampling "
+              "script: %.1f ms"
+              % (len(over), max([o[2] for o in over] or [0]), min([o[3] for o in over] or [0]),
+                 watch.max_chunk_ms))
         assert not unexplained, (unexplained[:5], watch.summary())
         assert testbed.sql_one(admin, "SELECT count(*) FROM redis_lock_locks WHERE lost") == 0
 
