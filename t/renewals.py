@@ -232,6 +232,12 @@ def watchdog_pids(postmaster_pid):
             or b"redis_lock slow-target watchdog" in title]
 
 
+def process_stopped(pid):
+    """Is pid stopped (SIGSTOP)?  Its state in /proc, after the command."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def process_title(pid):
     """What the process shows in ps (PostgreSQL's process title)."""
     with open("/proc/%d/cmdline" % pid, "rb") as f:

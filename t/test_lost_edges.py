@@ -13,10 +13,10 @@ import pytest
 
 from conftest import Session
 import testbed
-from renewals import watchdog_pids
+from renewals import process_stopped, watchdog_pids
 
 # the servers and helpers of t/test_lost.py (3 s lease, 1 s timeouts)
-from test_lost import DETECT, LEASE, ended_with, env, lenv, running  # noqa: F401
+from test_lost import DETECT, LEASE, ended_with, env, lenv, running, sleeping  # noqa: F401
 
 
 def test_a_caught_with_lock_loss_does_not_turn_a_later_timeout_into_a_loss(env):
@@ -200,22 +200,32 @@ def test_the_workers_cancel_never_lands_as_a_users_cancel(env):
 
 # ================================================================ issue 43 item 3: false losses under faults
 
+def proxied_servers(**conf):
+    """Redis behind a proxy that can hold back or slow its replies, and a
+    PostgreSQL using it with conf on top of a 3 s lease and 1 s timeouts;
+    yields (redis, proxy, pg, admin connection), and stops them after."""
+    r = testbed.Redis().start()
+    proxy = testbed.DelayProxy(r.port, 0.0).start()
+    pg = testbed.Postgres(conf=dict({"redis_lock.url": proxy.url,
+                                     "redis_lock.lease_time": "3s",
+                                     "redis_lock.command_timeout": "1s",
+                                     "redis_lock.connect_timeout": "1s"}, **conf))
+    pg.init().start().with_extension()
+    admin = pg.connect()
+    try:
+        yield r, proxy, pg, admin
+    finally:
+        admin.close()
+        pg.cleanup()
+        proxy.stop()
+        r.stop()
+
+
 @pytest.fixture(scope="module")
 def penv():
     """Redis behind a proxy that can hold its replies back; a 3 s lease,
     1 s timeouts."""
-    r = testbed.Redis().start()
-    proxy = testbed.DelayProxy(r.port, 0.0).start()
-    pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
-                                "redis_lock.lease_time": "3s",
-                                "redis_lock.command_timeout": "1s",
-                                "redis_lock.connect_timeout": "1s"}).init().start().with_extension()
-    admin = pg.connect()
-    yield r, proxy, pg, admin
-    admin.close()
-    pg.cleanup()
-    proxy.stop()
-    r.stop()
+    yield from proxied_servers()
 
 
 @pytest.mark.parametrize("reported", [None, "held", "check", "extend"])
@@ -295,9 +305,8 @@ def test_a_loss_that_cancels_an_implicit_commits_verify_is_a_40001(penv):
         # granted at t0; the worker presumes it lost no earlier than t0 + 3 s
         # (a lease without an answered renewal), after the sleep's 1.5 s
         a.start("SELECT redis_lock_acquire('ic', xact => true), pg_sleep(1.5)")
-        testbed.wait_until(lambda: testbed.sql_one(
-            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
-            (a.pid,)), 5, 0.005, what="the grant's reply read, the sleep begun")
+        testbed.wait_until(lambda: sleeping(admin, a.pid), 5, 0.005,
+                           what="the grant's reply read, the sleep begun")
         held_at = time.monotonic()
         proxy.held = True               # from now on: the COMMIT's verify
         a.join(25)
@@ -386,20 +395,8 @@ def test_a_release_resent_after_a_renewal_ran_unanswered_is_not_a_certain_loss(p
 def fullenv():
     """A registry of 16 slots (the least redis_lock.max_locks allows) behind
     a proxy that can slow one backend's replies; 1 s timeouts."""
-    r = testbed.Redis().start()
-    proxy = testbed.DelayProxy(r.port, 0.0).start()
-    pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
-                                "redis_lock.max_locks": "16",
-                                "redis_lock.max_locks_per_session": "16",
-                                "redis_lock.lease_time": "3s",
-                                "redis_lock.command_timeout": "1s",
-                                "redis_lock.connect_timeout": "1s"}).init().start().with_extension()
-    admin = pg.connect()
-    yield r, proxy, pg, admin
-    admin.close()
-    pg.cleanup()
-    proxy.stop()
-    r.stop()
+    yield from proxied_servers(**{"redis_lock.max_locks": "16",
+                                  "redis_lock.max_locks_per_session": "16"})
 
 
 def test_an_exit_never_frees_a_slot_the_worker_settled_and_gave_again(fullenv):
@@ -472,32 +469,18 @@ def test_an_exit_never_frees_a_slot_the_worker_settled_and_gave_again(fullenv):
 def stop_env():
     """Redis behind a proxy; a server whose worker stops itself before it
     signals a holder whose lock it found lost (assert-enabled builds read
-    RL_TEST_STOP_BEFORE_SIGNAL, see t/test_security.py); a 3 s lease."""
-    r = testbed.Redis().start()
-    proxy = testbed.DelayProxy(r.port, 0.0).start()
-    old = os.environ.get("RL_SERVER_ENV")
-    os.environ["RL_SERVER_ENV"] = ((old + " ") if old else "") + "RL_TEST_STOP_BEFORE_SIGNAL=1"
+    RL_TEST_STOP_BEFORE_SIGNAL, see t/test_security.py); a 3 s lease, and
+    a verify that waits for Redis as long as the test needs."""
+    with testbed.server_env("RL_TEST_STOP_BEFORE_SIGNAL=1"):
+        servers = proxied_servers(**{"redis_lock.command_timeout": "20s"})
+        env = next(servers)
+    pg = env[2]
     try:
-        pg = testbed.Postgres(conf={"redis_lock.url": proxy.url,
-                                    "redis_lock.lease_time": "3s"}).init().start().with_extension()
+        yield env
     finally:
-        if old is None:
-            del os.environ["RL_SERVER_ENV"]
-        else:
-            os.environ["RL_SERVER_ENV"] = old
-    admin = pg.connect()
-    yield r, proxy, pg, admin
-    for w in watchdog_pids(pg.postmaster_pid()):
-        os.kill(w, signal.SIGCONT)
-    admin.close()
-    pg.cleanup()
-    proxy.stop()
-    r.stop()
-
-
-def process_stopped(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        for w in watchdog_pids(pg.postmaster_pid()):
+            os.kill(w, signal.SIGCONT)
+        servers.close()
 
 
 def test_the_workers_cancel_during_the_commits_verify_is_the_loss(stop_env):
@@ -517,17 +500,14 @@ def test_the_workers_cancel_during_the_commits_verify_is_the_loss(stop_env):
     try:
         a.run("SET redis_lock.on_lost = error")
         a.start("SELECT redis_lock_acquire('cv', xact => true), pg_sleep(4)")
-        testbed.wait_until(lambda: testbed.sql_one(
-            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
-            (a.pid,)), 5, 0.005, what="the grant's reply read, the sleep begun")
+        testbed.wait_until(lambda: sleeping(admin, a.pid), 5, 0.005,
+                           what="the grant's reply read, the sleep begun")
         # the session's own replies wait from now on (its COMMIT's verify's)
         proxy.slow_replies = (":%d" % a.pid, 60.0)
         rc.delete("cv")
         testbed.wait_until(lambda: [w for w in workers if process_stopped(w)], 10,
                            what="the worker to find the loss and stop before signalling")
-        assert testbed.sql_one(
-            admin, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
-            (a.pid,)), "the sleep ended before the worker found the loss"
+        assert sleeping(admin, a.pid), "the sleep ended before the worker found the loss"
         testbed.wait_until(lambda: testbed.sql_one(
             admin, "SELECT wait_event_type = 'Extension' FROM pg_stat_activity WHERE pid = %s",
             (a.pid,)), 10, 0.005, what="the implicit COMMIT's verify to wait for Redis")

@@ -143,15 +143,8 @@ def resolv_conf(nameserver):
 
 def server_with_resolver(nameserver, **conf):
     """A preloaded PostgreSQL whose resolver reads our resolv.conf."""
-    old = os.environ.get("RL_SERVER_ENV")
-    os.environ["RL_SERVER_ENV"] = "RL_TEST_RESOLV_CONF=" + resolv_conf(nameserver)
-    try:
+    with testbed.server_env("RL_TEST_RESOLV_CONF=" + resolv_conf(nameserver)):
         return testbed.Postgres(conf=conf).init().start().with_extension()
-    finally:
-        if old is None:
-            del os.environ["RL_SERVER_ENV"]
-        else:
-            os.environ["RL_SERVER_ENV"] = old
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ from redis.lock import Lock
 
 import testbed
 from conftest import Session, wait_for_wait_event
-from renewals import watchdog_pids
+from renewals import process_stopped, watchdog_pids
 from test_hostile import Armed, FakeRedis, array, bulk, integer
 from testbed import TIME_SCALE as S
 
@@ -2289,26 +2289,13 @@ def test_a_security_restricted_operation_charges_the_tables_owner(pg_limits, adm
 
 @pytest.fixture(scope="module")
 def pg_stop_before_signal(redis_srv):
-    old = os.environ.get("RL_SERVER_ENV")
-    os.environ["RL_SERVER_ENV"] = ((old + " ") if old else "") + "RL_TEST_STOP_BEFORE_SIGNAL=1"
-    try:
+    with testbed.server_env("RL_TEST_STOP_BEFORE_SIGNAL=1"):
         p = testbed.Postgres(conf={"redis_lock.url": redis_srv.url,
                                    "redis_lock.lease_time": "3s"}).init().start().with_extension()
-    finally:
-        if old is None:
-            del os.environ["RL_SERVER_ENV"]
-        else:
-            os.environ["RL_SERVER_ENV"] = old
     yield p
     for w in watchdog_pids(p.postmaster_pid()):
         os.kill(w, signal.SIGCONT)
     p.cleanup()
-
-
-def process_stopped(pid):
-    """Is pid stopped (SIGSTOP)?  Its state in /proc, after the command."""
-    with open("/proc/%d/stat" % pid) as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 @pytest.mark.parametrize("then", ["released", "taken_again"])

@@ -10,6 +10,7 @@ Library use (pytest fixtures in conftest.py) or command line:
     python3 t/testbed.py down DIR
 """
 import atexit
+import contextlib
 import datetime
 import os
 import pwd
@@ -313,6 +314,22 @@ def cluster_node(**kw):
     r = Redis(**kw)
     r.args += _cluster_args(r)
     return r
+
+
+@contextlib.contextmanager
+def server_env(*assignments):
+    """PostgreSQL servers started within get NAME=VALUE assignments in
+    their environment (RL_SERVER_ENV, which Postgres.start passes on), on
+    top of any already asked for."""
+    old = os.environ.get("RL_SERVER_ENV")
+    os.environ["RL_SERVER_ENV"] = " ".join(([old] if old else []) + list(assignments))
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["RL_SERVER_ENV"]
+        else:
+            os.environ["RL_SERVER_ENV"] = old
 
 
 class Postgres:
