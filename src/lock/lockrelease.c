@@ -302,9 +302,11 @@ rl_extend(RLLockMode mode, const char *name, int64 ttl_ms)
 	 * under way, we wait for its answer before sending ours), and any later
 	 * one carries the new lease, which our PEXPIRE sets anyway.  Should the
 	 * round trip below fail, the lock is still renewed, with the lease the
-	 * session now believes in.
+	 * session now believes in.  So too for a loss the worker only presumed:
+	 * should the round trip refute it, the worker renews again at once.
 	 */
-	if (e->watchdog && !e->lost && lease_ms != e->lease_ms)
+	if (e->watchdog && (!e->lost || e->loss_presumed) &&
+		lease_ms != e->lease_ms)
 	{
 		e->lease_ms = lease_ms;
 		rl_lt_registry_sync(e, false);
