@@ -228,6 +228,19 @@ def penv():
     yield from proxied_servers()
 
 
+def presume_lost(proxy, admin, rc, name):
+    """Hold back every reply until the worker presumes name lost (no
+    renewal answered for a lease), though its renewals ran: Redis still
+    holds it."""
+    proxy.held = True
+    try:
+        testbed.wait_until(lambda: lost_seen(admin, name), 10 * testbed.TIME_SCALE, 0.02,
+                           what="the worker to presume it lost")
+        assert rc.pttl(name) > 0
+    finally:
+        proxy.held = False
+
+
 @pytest.mark.parametrize("reported", [None, "held", "check", "extend"])
 @pytest.mark.parametrize("mode", ["read", "exclusive"])
 def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, reported):
@@ -258,17 +271,12 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, repo
             assert a.run("SELECT redis_lock_acquire_read('pl', xact => true)") is True
         else:
             assert a.run("SELECT redis_lock_acquire('pl', xact => true) > 0")
-        proxy.held = True
-        try:
-            testbed.wait_until(lambda: lost_seen(admin, "pl"), 10 * testbed.TIME_SCALE, 0.02,
-                               what="the worker to presume it lost")
-            assert rc.pttl("pl") > 0      # its renewals ran: Redis holds it
-        finally:
-            proxy.held = False
+        presume_lost(proxy, admin, rc, "pl")
         del a.conn.notices[:]
         if reported == "held":
             a.run("SELECT count(*) FROM redis_lock_held()")
-            assert [n for n in a.conn.notices if 'Redis lock "pl" was lost' in n], a.conn.notices
+            assert [n for n in a.conn.notices
+                    if 'Redis lock "pl" may have been lost' in n and "No renewal" in n], a.conn.notices
         elif reported == "check":
             a.run("SAVEPOINT c")
             with pytest.raises(psycopg2.Error) as ei:
@@ -278,10 +286,33 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, repo
             a.run("ROLLBACK TO SAVEPOINT c")
         elif reported == "extend":
             assert a.run("SELECT redis_lock_extend('pl', NULL)") is True, a.conn.notices
+            assert not [n for n in a.conn.notices if "was lost" in n], a.conn.notices
         del a.conn.notices[:]
         a.run("COMMIT")                 # before: 40001 'lost before COMMIT'
         assert not [n for n in a.conn.notices if "lost" in n], a.conn.notices
         testbed.wait_until(lambda: not rc.exists("pl"), 5, 0.01, what="the release at COMMIT")
+    finally:
+        proxy.held = False
+        a.close()
+
+
+def test_a_presumed_lost_lock_released_is_released_in_redis(penv):
+    """A lock the worker only presumed lost (its renewals' replies held
+    back) is released with a compare-and-delete, which finds it ours:
+    true, and the key is gone.  Before, a lost entry was forgotten without
+    a round trip: false, and the key stayed in Redis, nobody's, to the end
+    of its lease."""
+    r, proxy, pg, admin = penv
+    rc = r.client()
+    rc.flushall()
+    a = Session(pg)
+    try:
+        a.run("SET redis_lock.on_lost = warn")
+        assert a.run("SELECT redis_lock_acquire('pr') > 0")
+        presume_lost(proxy, admin, rc, "pr")
+        assert a.run("SELECT redis_lock_release('pr')") is True
+        assert not rc.exists("pr")      # before: false, the key left to its lease
+        assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
     finally:
         proxy.held = False
         a.close()

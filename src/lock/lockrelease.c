@@ -96,7 +96,7 @@ release_one(RLLockMode mode, const char *name, bool nowait)
 		return true;
 	}
 	rl_lt_became_doubt(e);
-	if (e->lost)
+	if (e->lost && !e->loss_presumed)
 	{
 		/* known gone or taken over: nothing of ours to delete */
 		rl_lt_warn_lost(e);
@@ -151,9 +151,9 @@ rl_release_one_error_safe(const char *name)
 /*
  * Take k holds of one scope from e.  If it is still held it only has its
  * registry slot updated; if it is now free it goes to out for a release
- * round trip, unless it is known lost: then it is forgotten at once, there is
- * nothing of ours left to delete (removing the current entry of a sequential
- * scan of the table is allowed).
+ * round trip, unless it is known lost (not only presumed, loss_presumed):
+ * then it is forgotten at once, there is nothing of ours left to delete
+ * (removing the current entry of a sequential scan of the table is allowed).
  */
 void
 rl_lt_drop_holds(RLHeld *e, RLScope scope, int k, RLHeld **out, int *nout)
@@ -169,7 +169,8 @@ rl_lt_drop_holds(RLHeld *e, RLScope scope, int k, RLHeld **out, int *nout)
 		return;
 	}
 	rl_lt_became_doubt(e);
-	if (e->lost)
+	/* only presumed lost: the release's compare-and-delete tells */
+	if (e->lost && !e->loss_presumed)
 	{
 		rl_lt_warn_lost(e);
 		rl_lt_entry_remove(e);

@@ -70,7 +70,8 @@
  *	  DOUBT -> FREE				rl_lt_entry_remove: settled or forgotten
  *	  HELD -> LOST				rl_lt_set_lost: found not ours
  *	  LOST -> HELD				rl_lt_set_found_ours: a loss the worker only
- *								presumed, refuted by Redis at COMMIT
+ *								presumed, refuted by a round trip that
+ *								finds it ours (rl_lt_found_ours)
  *	  HELD, LOST -> DOUBT		rl_lt_became_doubt: its last hold dropped
  *	  HELD, LOST -> FREE		rl_lt_entry_remove (rl_forget)
  *	  RELEASING -> DOUBT		its answer read (rl_lt_settle_pending), its

@@ -391,18 +391,19 @@ rl_lt_take_worker_loss(RLHeld *e)
 
 /*
  * Redis answered a round trip sent at sent that found e's owner value
- * there.  A loss the worker only presumed (no renewal answered for a
- * lease), whether the entry has taken it yet or not, is refuted: withdrawn
- * from the registry (its renewals start again from sent), and the entry is
- * held again.  A loss found for certain stays, and becomes the entry's.
- * Returns whether e is ours.
+ * there: the worker renews it from then on (rl_registry_found_ours).  A
+ * loss the worker only presumed (no renewal answered for a lease), whether
+ * the entry has taken it yet or not, is refuted: withdrawn from the
+ * registry, and the entry is held again, unless the worker has signalled
+ * the holder for it already.  A loss found for certain stays, and becomes
+ * the entry's.  Returns whether e is ours.
  */
 bool
 rl_lt_found_ours(RLHeld *e, TimestampTz sent)
 {
 	if (e->lost && !e->loss_presumed)
 		return false;
-	if (rl_registry_withdraw_presumed_loss(e->registry_slot, sent))
+	if (rl_registry_found_ours(e->registry_slot, sent))
 	{
 		if (e->lost)
 			rl_lt_set_found_ours(e);
@@ -714,7 +715,9 @@ uint64		rl_lt_call_seq = 0;
 
 /*
  * Every call that finds a lock lost says so (API: false plus a WARNING);
- * a release that cannot tell a loss from its own delete says that.
+ * a release that cannot tell a loss from its own delete says that, and so
+ * does a loss the worker only presumed (a round trip that finds the lock
+ * ours refutes it, rl_lt_found_ours).
  */
 void
 rl_lt_warn_lost(RLHeld *e)
@@ -730,6 +733,17 @@ rl_lt_warn_lost(RLHeld *e)
 				 errmsg("permits of Redis semaphore \"%s\" may have been lost", e->name) :
 				 errmsg("Redis lock \"%s\" may have been lost", e->name),
 				 errdetail("Its release was sent again after its reply was lost and found key \"%s\" gone, after its lease may have run out: this release or the lease's end removed it.",
+						   e->names.key)));
+		return;
+	}
+	if (e->loss_presumed)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 e->mode == RL_MODE_PERMIT ?
+				 errmsg("permits of Redis semaphore \"%s\" may have been lost", e->name) :
+				 errmsg("Redis lock \"%s\" may have been lost", e->name),
+				 errdetail("No renewal of key \"%s\" was answered before its lease ran out: Redis has expired it, unless the renewals ran and only their answers were lost.",
 						   e->names.key)));
 		return;
 	}

@@ -393,8 +393,11 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 			e->session_holds = e->xact_holds = 0;
 			rl_lt_became_doubt(e);
 		}
-		/* a handed doubt is the worker's already */
-		if (!e->lost && !RL_HANDED(e))
+		/*
+		 * a handed doubt is the worker's already; one only presumed lost
+		 * may still be ours
+		 */
+		if ((!e->lost || e->loss_presumed) && !RL_HANDED(e))
 			ents[n++] = e;
 	}
 	rl_lt_leave_queues();
@@ -410,7 +413,7 @@ redis_lock_locktable_before_shmem_exit(int code, Datum arg)
 		/* a handed one is the worker's, lost or not: its slot too */
 		if (RL_HANDED(e) || e->registry_slot < 0)
 			continue;
-		if (e->lost)
+		if (e->lost && !e->loss_presumed)
 			rl_lt_registry_drop(e);
 		else
 			rl_lt_hand_to_worker(e);

@@ -674,16 +674,20 @@ rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
 }
 
 /*
- * The worker presumed this lock lost (RL_LOST_UNREACHABLE: no renewal of its
- * was answered for a lease), and Redis has since answered a round trip sent
- * at refreshed_at that found it ours and restarted its lease: the
- * presumption was wrong (the renewals ran, only their answers were not
- * read), and is withdrawn.  The worker renews it again from refreshed_at.
- * A loss Redis itself reported (RL_LOST_NOT_OURS) is never withdrawn.
- * Returns whether it was.  Only our own slot.
+ * Redis answered a round trip sent at refreshed_at that found this lock
+ * ours and restarted its lease: its renewals count from then on (as from a
+ * renewal of the worker's answered), in the same hold of the registry lock
+ * as the rest, so that the worker cannot presume it lost in between.  If
+ * the worker had presumed it lost (RL_LOST_UNREACHABLE: no renewal of its
+ * was answered for a lease), the presumption was wrong (the renewals ran,
+ * only their answers were not read), and is withdrawn, unless the worker
+ * has acted on it already: its holder signalled (cancelled_at), whose
+ * cancel must still come out as the loss.  A loss Redis itself reported
+ * (RL_LOST_NOT_OURS) is never withdrawn.  Returns whether one was.  Only
+ * our own slot.
  */
 bool
-rl_registry_withdraw_presumed_loss(int slot, TimestampTz refreshed_at)
+rl_registry_found_ours(int slot, TimestampTz refreshed_at)
 {
 	RLSlot	   *s;
 	bool		withdrawn;
@@ -692,15 +696,20 @@ rl_registry_withdraw_presumed_loss(int slot, TimestampTz refreshed_at)
 		return false;
 	s = &rl_shared->slots[slot];
 	LWLockAcquire(rl_shared->lock, LW_EXCLUSIVE);
-	withdrawn = slot_is_mine(s) && s->state == SLOT_HELD && s->st.lost &&
-		s->st.lost_cause == RL_LOST_UNREACHABLE;
+	if (!slot_is_mine(s) || s->state != SLOT_HELD)
+	{
+		LWLockRelease(rl_shared->lock);
+		return false;
+	}
+	withdrawn = s->st.lost && s->st.lost_cause == RL_LOST_UNREACHABLE &&
+		s->st.cancelled_at == 0;
 	if (withdrawn)
 	{
 		s->st.lost = false;
 		s->st.lost_at = 0;
-		s->st.cancelled_at = 0;
-		s->st.last_renewed_at = Max(s->st.last_renewed_at, refreshed_at);
 	}
+	if (!s->st.lost)
+		s->st.last_renewed_at = Max(s->st.last_renewed_at, refreshed_at);
 	LWLockRelease(rl_shared->lock);
 	return withdrawn;
 }

@@ -118,7 +118,7 @@ extern RLReclaim rl_registry_reclaim(int slot, uint32 generation);
 extern bool rl_registry_handed(int slot, uint32 generation);
 extern uint32 rl_registry_settled_events(void);
 extern void rl_registry_wait_idle(int slot);
-extern bool rl_registry_withdraw_presumed_loss(int slot, TimestampTz refreshed_at);
+extern bool rl_registry_found_ours(int slot, TimestampTz refreshed_at);
 extern bool rl_registry_loss(int slot, uint8 *cause, TimestampTz *lost_at,
 							 TimestampTz *cancelled_at);
 extern TimestampTz rl_registry_renewed_at(int slot);
