@@ -228,15 +228,15 @@ def penv():
     yield from proxied_servers()
 
 
-def presume_lost(proxy, admin, rc, name):
+def presume_lost(proxy, admin, rc, name, still_held=None):
     """Hold back every reply until the worker presumes name lost (no
     renewal answered for a lease), though its renewals ran: Redis still
-    holds it."""
+    holds it (still_held() says so; by default the key's TTL)."""
     proxy.held = True
     try:
         testbed.wait_until(lambda: lost_seen(admin, name), 10 * testbed.TIME_SCALE, 0.02,
                            what="the worker to presume it lost")
-        assert rc.pttl(name) > 0
+        assert still_held() if still_held else rc.pttl(name) > 0
     finally:
         proxy.held = False
 
@@ -286,7 +286,7 @@ def test_a_presumed_loss_redis_refutes_does_not_fail_the_commit(penv, mode, repo
             a.run("ROLLBACK TO SAVEPOINT c")
         elif reported == "extend":
             assert a.run("SELECT redis_lock_extend('pl', NULL)") is True, a.conn.notices
-            assert not [n for n in a.conn.notices if "was lost" in n], a.conn.notices
+            assert not [n for n in a.conn.notices if '"pl" was lost' in n], a.conn.notices
         del a.conn.notices[:]
         a.run("COMMIT")                 # before: 40001 'lost before COMMIT'
         assert not [n for n in a.conn.notices if "lost" in n], a.conn.notices
@@ -313,6 +313,35 @@ def test_a_presumed_lost_lock_released_is_released_in_redis(penv):
         assert a.run("SELECT redis_lock_release('pr')") is True
         assert not rc.exists("pr")      # before: false, the key left to its lease
         assert a.run("SELECT count(*) FROM redis_lock_held()") == 0
+    finally:
+        proxy.held = False
+        a.close()
+
+
+def test_a_presumed_loss_of_permits_is_refuted_by_their_extend(penv):
+    """redis_semaphore_extend asks Redis as redis_lock_extend does: permits
+    the worker only presumed lost, which Redis still counts, are ours
+    again (true, not lost); before, the call made the loss the entry's."""
+    r, proxy, pg, admin = penv
+    rc = r.client()
+    rc.flushall()
+    a = Session(pg)
+    try:
+        a.run("SET redis_lock.on_lost = warn")
+        assert a.run("SELECT redis_semaphore_init('ps', 2)") is True
+        assert a.run("SELECT redis_semaphore_acquire('ps')") is True
+        def permit_lives():
+            now_s, now_us = rc.time()
+            scores = [sc for _, sc in rc.zrange("{ps}:timeout", 0, -1, withscores=True)]
+            return len(scores) == 1 and scores[0] > now_s * 1000 + now_us // 1000
+        presume_lost(proxy, admin, rc, "ps", permit_lives)
+        del a.conn.notices[:]
+        assert a.run("SELECT redis_semaphore_extend('ps')") is True, a.conn.notices
+        assert not [n for n in a.conn.notices if '"ps" were lost' in n], a.conn.notices
+        assert a.run("SELECT lost FROM redis_semaphores_held() "
+                     "WHERE semaphore_name = 'ps'") is False
+        assert a.run("SELECT redis_semaphore_release('ps')") is True
+        assert rc.zcard("{ps}:timeout") == 0
     finally:
         proxy.held = False
         a.close()
