@@ -123,8 +123,11 @@ def test_20000_locks_each_renewed_within_a_third_of_the_lease_but_for_cpu_wait()
             assert renewed + released + failed <= rounds * BATCH
         assert max(p[0] for p in passes) > 1, passes
         assert all(p[2] == 0 for p in passes), passes
-        # a late renewal, when there is one, is reported in the log
-        assert not exact_late or "more than a third of their lease" in pg.log_text()
+        # a late renewal, when there is one, is reported in the log (not
+        # one the sampler's own script held up in Redis: the worker sent it
+        # in time, and has nothing to report; CI34)
+        assert not [x for x in exact_late if x[1] > aim] or \
+            "more than a third of their lease" in pg.log_text()
     finally:
         for c in conns:
             c.close()
